@@ -1,0 +1,150 @@
+"""Everything that differs between TPU, CUDA and CPU lives here, and only here.
+
+The rest of the package asks this module which device to use, how to run an execution mode
+on it, which ``torch.compile`` backend and which ``torch.distributed`` backend to use. On a
+machine without TPU chips (or without torch-tpu) every TPU branch is skipped and the
+equivalent CPU/CUDA path runs: plain eager for the two eager modes, inductor/aot_eager for
+compiled mode, gloo/nccl for collectives. Nothing here pretends to be a TPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .modes import ExecutionMode
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the app runs on: ``kind`` is "tpu", "cuda" or "cpu"."""
+
+    kind: str
+    count: int
+    name: str
+    memory_bytes_per_device: int | None
+
+    @property
+    def torch_device(self) -> str:
+        return self.kind
+
+    @property
+    def badge(self) -> str:
+        """Short label for the page header, e.g. "TPU v6e x 4" or "CPU"."""
+        return self.name if self.count <= 1 else f"{self.name} x {self.count}"
+
+
+def _torch_tpu_hardware():
+    """torch-tpu's PCI scanner (reads /sys only, starts no runtime), or None without torch-tpu."""
+    try:
+        from torch_tpu._internal.utils import hardware  # internal module: guarded on purpose
+    except Exception:  # noqa: BLE001 - torch-tpu absent or a different version
+        return None
+    return hardware
+
+
+def _tpu_runtime_ready() -> bool:
+    """True when torch-tpu has registered and initialised the "tpu" accelerator."""
+    try:
+        accelerator = torch.accelerator.current_accelerator()
+        return accelerator is not None and accelerator.type == "tpu" and torch.accelerator.device_count() > 0
+    except Exception:  # noqa: BLE001 - no accelerator API / runtime refused
+        return False
+
+
+def _load_torch_tpu() -> None:
+    """Load torch-tpu when autoload was disabled (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)."""
+    with contextlib.suppress(Exception):
+        import torch_tpu._loader
+
+        torch_tpu._loader.load()
+
+
+def detect_device(preferred: str | None = None) -> DeviceInfo:
+    """Detect TPU (torch-tpu present and chips visible), else CUDA, else CPU; never raises.
+
+    ``preferred`` ("tpu", "cuda", "cpu") restricts detection, e.g. to force CPU on a TPU host.
+    """
+    hardware = _torch_tpu_hardware()
+    if preferred in (None, "tpu") and hardware is not None:
+        with contextlib.suppress(Exception):
+            if hardware.get_tpu_device_count() > 0:
+                if not _tpu_runtime_ready():
+                    _load_torch_tpu()
+                if _tpu_runtime_ready():
+                    return DeviceInfo(
+                        kind="tpu",
+                        count=torch.accelerator.device_count(),
+                        name=hardware.get_tpu_device_name(),
+                        memory_bytes_per_device=hardware.get_hbm_bytes_per_device(),
+                    )
+    if preferred in (None, "cuda") and torch.cuda.is_available():
+        return DeviceInfo(
+            kind="cuda",
+            count=torch.cuda.device_count(),
+            name=torch.cuda.get_device_name(0),
+            memory_bytes_per_device=torch.cuda.get_device_properties(0).total_memory,
+        )
+    return DeviceInfo(kind="cpu", count=1, name="CPU", memory_bytes_per_device=_system_memory_bytes())
+
+
+def _system_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def execution_mode(mode: ExecutionMode, device: DeviceInfo) -> Iterator[None]:
+    """Run the body in ``mode``.
+
+    The transformer may already be compiled; the eager modes then run it eagerly through
+    ``torch.compiler.set_stance("force_eager")`` so one loaded pipeline serves every mode.
+    On TPU the eager modes also select torch-tpu's dispatch mode around the call.
+    """
+    if mode is ExecutionMode.COMPILED:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.compiler.set_stance("force_eager"))
+        if device.kind == "tpu":
+            eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE if mode is ExecutionMode.EAGER_FUSED else torch.tpu.EagerMode.DEFER_NEVER
+            stack.enter_context(torch.tpu.set_eager_mode(eager_mode))
+        yield
+
+
+def compile_backend_name(device: DeviceInfo, cpu_backend: str) -> str:
+    """``torch.compile`` backend: torch-tpu's "tpu" on TPU, else the configured one (inductor...)."""
+    return "tpu" if device.kind == "tpu" else cpu_backend
+
+
+def describe_mode(mode: ExecutionMode, device: DeviceInfo, cpu_backend: str) -> str:
+    """What actually runs, for the UI: e.g. "compiled (inductor on cpu)"."""
+    if mode is ExecutionMode.COMPILED:
+        return f"compiled ({compile_backend_name(device, cpu_backend)} on {device.kind})"
+    if device.kind == "tpu":
+        constant = "DEFER_AND_FUSE" if mode is ExecutionMode.EAGER_FUSED else "DEFER_NEVER"
+        return f"{mode.title} (EagerMode.{constant} on tpu)"
+    return f"{mode.title} (plain eager on {device.kind})"
+
+
+def distributed_backend(device: DeviceInfo) -> str:
+    """``torch.distributed`` backend: "tpu_dist" on TPU, "nccl" on CUDA, "gloo" on CPU."""
+    return {"tpu": "tpu_dist", "cuda": "nccl"}.get(device.kind, "gloo")
+
+
+def synchronize(device: DeviceInfo) -> None:
+    """Wait for queued device work, so timings measure compute and not dispatch."""
+    if device.kind != "cpu":
+        with contextlib.suppress(Exception):
+            torch.accelerator.synchronize()
+
+
+def offload_device(device: DeviceInfo) -> str | None:
+    """The ``device=`` to pass to ``enable_model_cpu_offload``: diffusers needs it when there is no accelerator."""
+    return device.kind if device.kind == "cpu" else None
