@@ -181,5 +181,5 @@ def get_spec(model_id: str, offered: tuple[str, ...] | None = None) -> ModelSpec
     """The entry for ``model_id``; KeyError with a clear message if unknown or not offered."""
     if model_id not in CATALOG or (offered is not None and model_id not in offered):
         choices = ", ".join(offered if offered is not None else CATALOG)
-        raise KeyError(f"model {str(model_id)[:60]!r} is not offered here; choose one of: {choices}")
+        raise KeyError(f"{str(model_id)[:60]!r} is not offered here; choose one of: {choices}")
     return CATALOG[model_id]

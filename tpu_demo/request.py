@@ -117,7 +117,7 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
     try:
         spec: ModelSpec = get_spec(model_id, limits.offered_models)
     except KeyError as error:
-        raise RequestError("model", str(error.args[0]).removeprefix(f"model {model_id[:60]!r} ")) from None
+        raise RequestError("model", str(error.args[0])) from None
     mode_value = raw.get("mode")
     offered_modes = ", ".join(mode.value for mode in limits.offered_modes)
     try:

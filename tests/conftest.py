@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny models built once, engines, and a real app on a free loopback port."""
+
+import os
+
+# Before torch is imported: skip torch-tpu's autoload (no chips here; saves ~4 s per process)
+# and keep every library off the network.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+os.environ.setdefault("PYTHONWARNINGS", "ignore:<TorchTpu/Performance/TcMalloc/")
+
+import socket  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import tpu_demo  # noqa: E402,F401 - applies the offline environment defaults
+
+torch.set_num_threads(1)  # tiny models run fastest on one thread; keeps the other core for servers
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tpu-demo-cache")
+
+
+@pytest.fixture(scope="session")
+def models_dir(cache_dir) -> Path:
+    return cache_dir / "models"
+
+
+@pytest.fixture
+def make_engine(models_dir):
+    """Build engines on this machine's device; closed after the test."""
+    from tpu_demo.device import detect_device
+    from tpu_demo.engine import Engine, EngineConfig
+
+    engines = []
+
+    def make(**overrides):
+        config = EngineConfig(**{"models_dir": models_dir, "cpu_compile_backend": "aot_eager", **overrides})
+        engine = Engine(config, detect_device())
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def launch_app(cache_dir):
+    """Start the real app (Gradio server on 127.0.0.1) from flags; returns (app, url)."""
+    from tpu_demo.config import parse_config
+    from tpu_demo.serve import build_app, launch
+
+    apps = []
+
+    def start(*flags: str):
+        port = free_port()
+        config = parse_config(["--port", str(port), "--cache-dir", str(cache_dir), "--compile-backend", "aot_eager",
+                               *flags], environ={})
+        app = build_app(config)
+        launch(app, prevent_thread_lock=True)
+        apps.append(app)
+        return app, f"http://127.0.0.1:{port}/"
+
+    yield start
+    for app in apps:
+        app.demo.close()
+        app.engine.close()
+
+
+def request_fields(**overrides):
+    """A valid /generate request for the tiny FLUX model; override any field."""
+    fields = dict(prompt="a red circle on a white background", model="tiny-flux", mode="eager",
+                  resolution="64x64", num_inference_steps=2, guidance_scale=0.0, seed=7, num_images=1)
+    fields.update(overrides)
+    return fields

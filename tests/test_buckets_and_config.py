@@ -1,0 +1,59 @@
+"""Bucket parsing and the app's flags/environment variables."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tpu_demo.buckets import Bucket, BucketError, parse_bucket_list
+from tpu_demo.config import parse_config
+
+
+def test_parse_bucket():
+    assert Bucket.parse("128x96") == Bucket(128, 96)
+    assert Bucket.parse(" 64 X 64 ") == Bucket(64, 64)
+    assert str(Bucket(1344, 768)) == "1344x768"
+    assert Bucket(1024, 1024).label == "1:1 \u00b7 1024x1024"
+    assert Bucket(96, 64).aspect_ratio == "3:2"
+
+
+@pytest.mark.parametrize("text", ["", "64", "64x", "x64", "64x65", "0x64", "-64x64", "64*64", "1e3x64"])
+def test_bad_buckets_are_refused(text):
+    with pytest.raises(BucketError):
+        Bucket.parse(text)
+
+
+def test_bucket_list_keeps_order_and_drops_duplicates():
+    assert parse_bucket_list("128x96, 64x64,128x96") == (Bucket(128, 96), Bucket(64, 64))
+    with pytest.raises(BucketError):
+        parse_bucket_list(" , ")
+
+
+def test_flags_and_environment():
+    config = parse_config(["--port", "0", "--buckets", "64x64,128x96", "--mode", "compiled", "--no-warmup"], environ={})
+    assert config.port == 0 and config.buckets == (Bucket(64, 64), Bucket(128, 96))
+    assert config.mode == "compiled" and config.no_warmup
+    env = {"TPU_DEMO_PORT": "8123", "TPU_DEMO_MODEL": "tiny-sd3", "TPU_DEMO_NO_WARMUP": "1", "TPU_DEMO_HOST": "0.0.0.0"}
+    config = parse_config([], environ=env)
+    assert (config.port, config.model, config.no_warmup, config.host) == (8123, "tiny-sd3", True, "0.0.0.0")
+    assert parse_config(["--port", "9000"], environ=env).port == 9000  # the command line wins
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--port", "abc"], "--port"),
+    (["--port", "70000"], "--port"),
+    (["--buckets", "65x64"], "--buckets"),
+    (["--mode", "turbo"], "--mode"),
+    (["--model", "no-such-model"], "--model"),
+])
+def test_bad_flag_exits_2_with_one_line(argv, flag):
+    out = subprocess.run([sys.executable, "app.py", *argv], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], out.stderr
+
+
+def test_bad_environment_value_exits_2():
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config([], environ={"TPU_DEMO_MODE": "turbo"})
+    assert exit_info.value.code == 2

@@ -1,0 +1,52 @@
+"""The device layer on this machine (no TPU chips, no GPU): detection never crashes, CPU paths run."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from tpu_demo.device import (describe_mode, detect_device, distributed_backend, execution_mode,
+                             compile_backend_name)
+from tpu_demo.modes import ExecutionMode
+
+
+def test_detects_cpu_here():
+    device = detect_device()
+    assert device.kind == "cpu"
+    assert device.count == 1
+    assert device.badge == "CPU"
+    assert device.memory_bytes_per_device and device.memory_bytes_per_device > 1e9
+
+
+def test_detection_with_torch_tpu_autoloaded_does_not_crash():
+    """The default `import torch` autoloads torch-tpu; with no chips detection must still say cpu."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    out = subprocess.run([sys.executable, "-c", "from tpu_demo.device import detect_device; print(detect_device().kind)"],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "cpu"
+
+
+def test_cpu_mode_descriptions_say_what_runs():
+    device = detect_device()
+    assert describe_mode(ExecutionMode.COMPILED, device, "inductor") == "compiled (inductor on cpu)"
+    assert describe_mode(ExecutionMode.EAGER_FUSED, device, "inductor") == "optimized eager (plain eager on cpu)"
+    assert compile_backend_name(device, "aot_eager") == "aot_eager"
+    assert distributed_backend(device) == "gloo"
+
+
+def test_eager_modes_run_compiled_functions_eagerly():
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(1)
+        return gm.forward
+
+    fn = torch.compile(lambda x: x * 2 + 1, backend=backend, fullgraph=True, dynamic=False)
+    device = detect_device()
+    with execution_mode(ExecutionMode.EAGER, device):
+        assert fn(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    assert calls == []
+    with execution_mode(ExecutionMode.COMPILED, device):
+        fn(torch.ones(3))
+    assert calls == [1]

@@ -1,0 +1,246 @@
+"""The Gradio Blocks page: controls -> engine -> a gallery that fills image by image.
+
+This layer knows nothing of torch. It validates raw inputs with ``validate_request`` (the same
+check every API caller gets), hands the request to the engine, and turns engine events into
+gallery updates, progress and messages.
+"""
+
+from __future__ import annotations
+
+import html
+import random
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import gradio as gr
+
+from .catalog import ASSETS_DIR, ModelSpec
+from .events import BucketState, Compiling, ImageResult, StepProgress, Stopped
+from .modes import ExecutionMode
+from .request import MAX_SEED, RequestError, RequestLimits, validate_request
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+DEVICE_CONCURRENCY_ID = "device"
+
+
+@dataclass(frozen=True)
+class UiSettings:
+    start_model: str
+    start_mode: ExecutionMode
+    limits: RequestLimits
+    status_refresh_seconds: float = 1.0
+
+
+def example_prompts(spec: ModelSpec) -> list[str]:
+    path = ASSETS_DIR / spec.example_prompts_file
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:12]
+
+
+def _caption(result: ImageResult) -> str:
+    t = result.timings
+    warmth = "warm" if result.warm else "compiled first"
+    return (f"seed {result.seed} \u00b7 denoise {t['denoise_seconds']:.2f}s \u00b7 {t['steps_per_second']:.1f} steps/s"
+            f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}")
+
+
+class DemoUI:
+    """Builds the Blocks page around one engine and holds per-session stop flags."""
+
+    def __init__(self, engine: "Engine", settings: UiSettings):
+        self.engine = engine
+        self.settings = settings
+        self._stops: dict[str, threading.Event] = {}
+        self._stops_lock = threading.Lock()
+
+    # ---- handlers -------------------------------------------------------------------------
+    def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
+                 guidance_scale: Any, seed: Any, num_images: Any, request: gr.Request = None,
+                 progress: gr.Progress = gr.Progress()) -> Iterator[list]:
+        """Stream the gallery: one update per finished image."""
+        try:
+            generation = validate_request(dict(
+                prompt=prompt, model=model, mode=mode, resolution=resolution,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
+                num_images=num_images), self.settings.limits)
+        except RequestError as error:
+            raise gr.Error(str(error), title="Invalid input") from None
+        stop = self._new_stop(request)
+        gallery: list[tuple[Any, str]] = []
+        total = generation.num_images
+        progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
+        try:
+            for event in self.engine.generate(generation, stop):
+                if isinstance(event, Compiling):
+                    progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
+                                     "(first time, may take minutes on TPU)")
+                elif isinstance(event, StepProgress):
+                    progress((event.index * event.total + event.step, total * event.total),
+                             desc=f"image {event.index + 1}/{total} \u00b7 step {event.step}/{event.total}",
+                             unit="steps")
+                elif isinstance(event, ImageResult):
+                    gallery.append((event.image, _caption(event)))
+                    yield list(gallery)
+                elif isinstance(event, Stopped):
+                    gr.Warning(f"Stopped: {event.completed} of {total} images finished.")
+                    return
+        except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
+            raise gr.Error(str(error), title="Generation failed") from None
+        finally:
+            self._drop_stop(request, stop)
+
+    def stop(self, request: gr.Request = None) -> None:
+        """Stop this session's running generation at its next denoising step."""
+        with self._stops_lock:
+            event = self._stops.get(self._session(request))
+        if event is not None:
+            event.set()
+
+    def on_model_change(self, model_id: str, mode: str):
+        spec = self.engine.spec(model_id)
+        self.engine.warmup_in_background(model_id, ExecutionMode(mode))
+        guidance_fixed = spec.guidance_fixed
+        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance)
+        return (
+            gr.update(choices=self._resolution_choices(spec), value=str(spec.buckets[0])),
+            gr.update(minimum=spec.min_steps, maximum=spec.max_steps, value=spec.default_steps),
+            gr.update(minimum=low, maximum=high if high > low else low + 1, value=spec.default_guidance,
+                      interactive=not guidance_fixed,
+                      info="fixed by this model" if guidance_fixed else "classifier-free guidance"),
+            self._header(model_id),
+            self._details(model_id, mode),
+        )
+
+    def on_mode_change(self, model_id: str, mode: str):
+        self.engine.warmup_in_background(model_id, ExecutionMode(mode))
+        return self._details(model_id, mode)
+
+    def status_table(self, model_id: str) -> str:
+        status = self.engine.status()
+        rows = [b for b in status.buckets if b.model == model_id]
+        if not rows:
+            return "_No bucket used yet for this model._"
+        icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
+                 BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
+        lines = ["| bucket | mode | CFG | state | compile s | graphs |", "|---|---|---|---|---|---|"]
+        for b in sorted(rows, key=lambda b: (b.mode, b.resolution, b.cfg)):
+            seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
+            state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
+            lines.append(f"| {b.resolution} | {b.mode} | {'on' if b.cfg else 'off'} | {state} | {seconds} | {b.compiles} |")
+        busy = "busy" if status.busy else "idle"
+        lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
+        return "\n".join(lines)
+
+    @staticmethod
+    def pick_seed(seed: Any, randomize: bool) -> int:
+        if randomize:
+            return random.randint(0, MAX_SEED)
+        try:
+            return int(seed)
+        except (TypeError, ValueError):
+            return 0
+
+    # ---- helpers --------------------------------------------------------------------------
+    @staticmethod
+    def _session(request: gr.Request | None) -> str:
+        return getattr(request, "session_hash", None) or "anonymous"
+
+    def _new_stop(self, request: gr.Request | None) -> threading.Event:
+        event = threading.Event()
+        with self._stops_lock:
+            self._stops[self._session(request)] = event
+        return event
+
+    def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
+        with self._stops_lock:
+            if self._stops.get(self._session(request)) is event:
+                del self._stops[self._session(request)]
+
+    @staticmethod
+    def _resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:
+        return [(bucket.label, str(bucket)) for bucket in spec.buckets]
+
+    def _header(self, model_id: str) -> str:
+        spec = self.engine.spec(model_id)
+        device = html.escape(self.engine.device.badge)
+        return (f"<div class='demo-header'><h1>TPU Diffusion Demo</h1>"
+                f"<span class='badge'>{device}</span><span class='model'>{html.escape(spec.title)}</span></div>")
+
+    def _details(self, model_id: str, mode: str) -> str:
+        placement = self.engine.placement_description(model_id)
+        ran = self.engine.mode_description(ExecutionMode(mode))
+        return f"**Mode:** {ran}  \n**Placement:** {placement}"
+
+    # ---- layout ---------------------------------------------------------------------------
+    def build(self) -> gr.Blocks:
+        settings = self.settings
+        spec = self.engine.spec(settings.start_model)
+        modes = [(m.title, m.value) for m in settings.limits.offered_modes]
+        with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False) as demo:
+            header = gr.HTML(self._header(spec.id))
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=2, min_width=300):
+                    prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
+                                        placeholder="Describe the image, then press Enter",
+                                        max_length=settings.limits.max_prompt_chars)
+                    with gr.Row():
+                        generate_button = gr.Button("Generate", variant="primary", scale=3)
+                        stop_button = gr.Button("Stop", variant="stop", scale=1)
+                    model = gr.Dropdown(label="Model", choices=[(self.engine.spec(m).title, m) for m in self.engine.specs],
+                                        value=spec.id)
+                    mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value)
+                    resolution = gr.Dropdown(label="Resolution", choices=self._resolution_choices(spec),
+                                             value=str(spec.buckets[0]))
+                    with gr.Accordion("Advanced", open=False):
+                        steps = gr.Slider(label="Steps (num_inference_steps)", minimum=spec.min_steps,
+                                          maximum=spec.max_steps, step=1, value=spec.default_steps)
+                        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
+                        guidance = gr.Slider(label="Guidance scale", minimum=low, maximum=high, step=0.1,
+                                             value=spec.default_guidance, interactive=not spec.guidance_fixed)
+                        with gr.Row():
+                            seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
+                            randomize = gr.Checkbox(label="Randomize seed", value=True)
+                        num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
+                                               step=1, value=min(2, settings.limits.max_images))
+                    details = gr.Markdown(self._details(spec.id, settings.start_mode.value))
+                with gr.Column(scale=3, min_width=300):
+                    gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto",
+                                         object_fit="contain", show_label=False)
+                    examples = example_prompts(spec)
+                    if examples:
+                        gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try")
+            with gr.Accordion("Buckets (static shapes) and warmup", open=True):
+                status = gr.Markdown(self.status_table(spec.id))
+            timer = gr.Timer(settings.status_refresh_seconds)
+
+            inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images]
+            generation = gr.on(
+                triggers=[generate_button.click, prompt.submit], fn=self.pick_seed, inputs=[seed, randomize],
+                outputs=[seed], queue=False, api_visibility="private",
+            ).then(
+                self.generate, inputs=inputs, outputs=[gallery], api_name="generate", preprocess=False,
+                concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
+            )
+            stop_button.click(self.stop, None, None, queue=False, api_name="stop", cancels=[generation])
+            model.change(self.on_model_change, [model, mode], [resolution, steps, guidance, header, details],
+                         api_visibility="private", queue=False)
+            mode.change(self.on_mode_change, [model, mode], [details], api_visibility="private", queue=False)
+            timer.tick(self.status_table, [model], [status], api_visibility="private", queue=False,
+                       show_progress="hidden")
+        return demo
+
+
+def build_demo(engine: "Engine", settings: UiSettings) -> gr.Blocks:
+    return DemoUI(engine, settings).build()
+
+
+def launch_kwargs() -> dict[str, Any]:
+    """Theme and CSS (Gradio 6 takes them in ``launch``); built-in theme fonts are local."""
+    css_path = ASSETS_DIR / "style.css"
+    return {"theme": gr.themes.Soft(font=[gr.themes.Font("ui-sans-serif"), "system-ui", "sans-serif"],
+                                    font_mono=[gr.themes.Font("ui-monospace"), "monospace"]),
+            "css": css_path.read_text() if css_path.is_file() else None}
