@@ -17,6 +17,7 @@ import gradio as gr
 
 from .catalog import ASSETS_DIR, ModelSpec
 from .events import BucketState, Compiling, ImageResult, StepProgress, Stopped
+from .gallery_files import save_png_once
 from .modes import ExecutionMode
 from .request import MAX_SEED, RequestError, RequestLimits, validate_request
 
@@ -83,7 +84,7 @@ class DemoUI:
                              desc=f"image {event.index + 1}/{total} \u00b7 step {event.step}/{event.total}",
                              unit="steps")
                 elif isinstance(event, ImageResult):
-                    gallery.append((event.image, _caption(event)))
+                    gallery.append((save_png_once(event.image), _caption(event)))  # never rewritten
                     yield list(gallery)
                 elif isinstance(event, Stopped):
                     gr.Warning(f"Stopped: {event.completed} of {total} images finished.")
@@ -126,6 +127,7 @@ class DemoUI:
             return "_No bucket used yet for this model._"
         icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
+        icons = {state: f"<span class='bucket-state state-{state.value}'>{text}</span>" for state, text in icons.items()}
         lines = ["| bucket | mode | CFG | state | compile s | graphs |", "|---|---|---|---|---|---|"]
         for b in sorted(rows, key=lambda b: (b.mode, b.resolution, b.cfg)):
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
@@ -165,10 +167,20 @@ class DemoUI:
         return [(bucket.label, str(bucket)) for bucket in spec.buckets]
 
     def _header(self, model_id: str) -> str:
+        """Title plus chips for the device, the model and its placement (styled in assets/style.css)."""
         spec = self.engine.spec(model_id)
-        device = html.escape(self.engine.device.badge)
-        return (f"<div class='demo-header'><h1>TPU Diffusion Demo</h1>"
-                f"<span class='badge'>{device}</span><span class='model'>{html.escape(spec.title)}</span></div>")
+        device = self.engine.device
+        placement = self.engine.placement_description(model_id)
+
+        def chip(kind: str, label: str, value: str, title: str = "") -> str:
+            return (f"<span class='chip chip-{kind}' title='{html.escape(title or value)}'>"
+                    f"<span class='chip-label'>{label}</span>{html.escape(value)}</span>")
+
+        return ("<div class='demo-header'><div class='demo-title'><h1>TPU Diffusion Demo</h1>"
+                "<p>diffusers text-to-image \u00b7 one warm graph per resolution bucket</p></div>"
+                f"<div class='demo-chips'>{chip(f'device device-{device.kind}', 'device', device.badge)}"
+                f"{chip('model', 'model', spec.title, spec.id)}"
+                f"{chip('placement', 'placement', placement.split(':')[0], placement)}</div></div>")
 
     def _details(self, model_id: str, mode: str) -> str:
         placement = self.engine.placement_description(model_id)
@@ -181,23 +193,24 @@ class DemoUI:
         spec = self.engine.spec(settings.start_model)
         modes = [(m.title, m.value) for m in settings.limits.offered_modes]
         with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False) as demo:
-            header = gr.HTML(self._header(spec.id))
+            header = gr.HTML(self._header(spec.id), elem_id="demo-header")
             with gr.Row(equal_height=False):
                 with gr.Column(scale=2, min_width=300):
                     prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
                                         placeholder="Describe the image, then press Enter",
-                                        max_length=settings.limits.max_prompt_chars)
+                                        max_length=settings.limits.max_prompt_chars, elem_id="prompt")
                     with gr.Row():
-                        generate_button = gr.Button("Generate", variant="primary", scale=3)
-                        stop_button = gr.Button("Stop", variant="stop", scale=1)
+                        generate_button = gr.Button("Generate", variant="primary", scale=3, elem_id="generate")
+                        stop_button = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
                     model = gr.Dropdown(label="Model", choices=[(self.engine.spec(m).title, m) for m in self.engine.specs],
-                                        value=spec.id)
-                    mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value)
+                                        value=spec.id, elem_id="model")
+                    mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
+                                    elem_id="mode")
                     resolution = gr.Dropdown(label="Resolution", choices=self._resolution_choices(spec),
-                                             value=str(spec.buckets[0]))
-                    with gr.Accordion("Advanced", open=False):
+                                             value=str(spec.buckets[0]), elem_id="resolution")
+                    with gr.Accordion("Advanced", open=False, elem_id="advanced"):
                         steps = gr.Slider(label="Steps (num_inference_steps)", minimum=spec.min_steps,
-                                          maximum=spec.max_steps, step=1, value=spec.default_steps)
+                                          maximum=spec.max_steps, step=1, value=spec.default_steps, elem_id="steps")
                         low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
                         guidance = gr.Slider(label="Guidance scale", minimum=low, maximum=high, step=0.1,
                                              value=spec.default_guidance, interactive=not spec.guidance_fixed)
@@ -205,16 +218,17 @@ class DemoUI:
                             seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                             randomize = gr.Checkbox(label="Randomize seed", value=True)
                         num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
-                                               step=1, value=min(2, settings.limits.max_images))
-                    details = gr.Markdown(self._details(spec.id, settings.start_mode.value))
+                                               step=1, value=min(2, settings.limits.max_images), elem_id="num-images")
+                    details = gr.Markdown(self._details(spec.id, settings.start_mode.value), elem_id="run-details")
                 with gr.Column(scale=3, min_width=300):
                     gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto",
-                                         object_fit="contain", show_label=False)
+                                         object_fit="contain", show_label=False, elem_id="gallery")
                     examples = example_prompts(spec)
                     if examples:
-                        gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try")
-            with gr.Accordion("Buckets (static shapes) and warmup", open=True):
-                status = gr.Markdown(self.status_table(spec.id))
+                        gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try",
+                                    elem_id="examples")
+            with gr.Accordion("Buckets (static shapes) and warmup", open=True, elem_id="buckets"):
+                status = gr.Markdown(self.status_table(spec.id), elem_id="bucket-status")
             timer = gr.Timer(settings.status_refresh_seconds)
 
             inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images]

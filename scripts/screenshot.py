@@ -1,0 +1,95 @@
+"""Regenerate assets/screenshot.png from the real page after a real generation.
+
+Starts the app on a free loopback port (embedded tiny model by default), waits for the start
+model's buckets to warm, then in headless Debian Chromium types a prompt, fixes the seed,
+presses Generate and waits for every image before taking the shot. Run it whenever the UI
+changes:
+
+    python scripts/screenshot.py                       # assets/screenshot.png, light theme
+    python scripts/screenshot.py --theme dark --out /tmp/dark.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # no chips needed for a screenshot
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import tpu_demo  # noqa: E402,F401 - offline environment defaults before gradio is imported
+
+from browser_support import guard_network, launch_chromium, start_app, stop_app, wait_for_gallery_images  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshot.png")
+    parser.add_argument("--model", default=None, help="model to show (default: the app's start model)")
+    parser.add_argument("--prompt", default="a red circle on a white background")
+    parser.add_argument("--num-images", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--theme", choices=("light", "dark"), default="light")
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--height", type=int, default=900)
+    parser.add_argument("--full-page", action="store_true", help="capture below the fold too")
+    parser.add_argument("--cache-dir", default=None, help="the app's --cache-dir (default: the app's)")
+    return parser.parse_args()
+
+
+def wait_for_warm_buckets(app, model_id: str, timeout_s: float = 300.0) -> None:
+    """Let start-up warmup finish so the bucket panel shows warm buckets with compile times."""
+    expected = len(app.engine.spec(model_id).buckets)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        warm = [b for b in app.engine.status().buckets if b.model == model_id and b.state.value in ("warm", "failed")]
+        if len(warm) >= expected:
+            return
+        time.sleep(0.5)
+    print(f"warning: warmup of {model_id} not finished after {timeout_s:.0f}s; shooting anyway", file=sys.stderr)
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    args = parse_args()
+    flags = ["--compile-backend", "aot_eager", "--threads", "1"]
+    flags += ["--model", args.model] if args.model else []
+    flags += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    app, url = start_app(*flags)
+    try:
+        model_id = app.ui.settings.start_model
+        wait_for_warm_buckets(app, model_id)
+        with sync_playwright() as playwright:
+            browser = launch_chromium(playwright)
+            context = browser.new_context(viewport={"width": args.width, "height": args.height},
+                                          color_scheme=args.theme)
+            blocked = guard_network(context)
+            page = context.new_page()
+            page.goto(url)
+            page.fill("#prompt textarea", args.prompt)
+            page.click("#advanced button.label-wrap")  # open "Advanced" so the shot shows every control
+            page.get_by_label("Randomize seed").uncheck()
+            page.get_by_label("Seed", exact=True).fill(str(args.seed))
+            page.fill("#num-images input[type=number]", str(args.num_images))
+            page.press("#num-images input[type=number]", "Tab")
+            page.click("#generate")
+            wait_for_gallery_images(page, args.num_images, timeout_ms=120_000)
+            page.wait_for_timeout(1500)  # one status-panel refresh and the progress bar gone
+            page.mouse.move(0, 0)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(args.out), full_page=args.full_page)
+            browser.close()
+        if blocked:
+            raise SystemExit(f"the page requested non-loopback hosts: {blocked}")
+        print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
+    finally:
+        stop_app(app)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Real-browser helpers shared by the browser tests and scripts/screenshot.py.
+
+Debian's Chromium (``apt-get install chromium``) driven by Python Playwright: never
+``playwright install`` (it downloads a browser). The flags keep Chromium itself off the
+network; the route guard proves the page makes no request beyond loopback.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+#: The gallery's finished images (thumbnails; the preview pane, when open, is not counted).
+GALLERY_IMAGES = "#gallery .grid-container img"
+
+
+def launch_chromium(playwright: Any) -> Any:
+    """Headless Debian Chromium; each ``browser.new_context()`` is a fresh, empty profile."""
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+
+def guard_network(context: Any) -> list[str]:
+    """Abort every request to a non-loopback host; returns the (live) list of blocked URLs."""
+    blocked: list[str] = []
+
+    def route(route: Any) -> None:
+        url = route.request.url
+        scheme = urlparse(url).scheme
+        if scheme in ("data", "blob") or urlparse(url).hostname in LOOPBACK_HOSTS:
+            route.continue_()
+        else:
+            blocked.append(url)
+            route.abort()
+
+    context.route("**/*", route)
+    return blocked
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_app(*flags: str) -> tuple[Any, str]:
+    """Build and launch the real app on a free loopback port; returns (app, url). Close with stop_app."""
+    from tpu_demo.config import parse_config
+    from tpu_demo.serve import build_app, launch
+
+    port = free_port()
+    app = build_app(parse_config(["--port", str(port), *flags], environ={}))
+    launch(app, prevent_thread_lock=True)
+    return app, f"http://127.0.0.1:{port}/"
+
+
+def stop_app(app: Any) -> None:
+    app.demo.close()
+    app.engine.close()
+
+
+def wait_for_gallery_images(page: Any, count: int, timeout_ms: float = 60_000) -> list[dict]:
+    """Wait until ``count`` gallery images exist and are decoded; returns their natural sizes."""
+    page.wait_for_function(
+        """([selector, count]) => {
+             const images = [...document.querySelectorAll(selector)];
+             return images.length >= count && images.every(img => img.complete && img.naturalWidth > 0);
+           }""", arg=[GALLERY_IMAGES, count], timeout=timeout_ms)
+    return page.eval_on_selector_all(
+        GALLERY_IMAGES, "images => images.map(img => ({width: img.naturalWidth, height: img.naturalHeight}))")
