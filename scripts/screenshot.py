@@ -36,7 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--theme", choices=("light", "dark"), default="light")
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=900)
-    parser.add_argument("--full-page", action="store_true", help="capture below the fold too")
+    parser.add_argument("--viewport-only", action="store_true", help="capture only the first screen, not the page")
     parser.add_argument("--cache-dir", default=None, help="the app's --cache-dir (default: the app's)")
     return parser.parse_args()
 
@@ -82,7 +82,7 @@ def main() -> None:
             page.wait_for_timeout(1500)  # one status-panel refresh and the progress bar gone
             page.mouse.move(0, 0)
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(args.out), full_page=args.full_page)
+            page.screenshot(path=str(args.out), full_page=not args.viewport_only)
             browser.close()
         if blocked:
             raise SystemExit(f"the page requested non-loopback hosts: {blocked}")
