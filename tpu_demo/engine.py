@@ -30,7 +30,7 @@ from .catalog import CATALOG, ModelSpec, Placement, get_spec
 from .compile_counter import CompileCounter
 from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
-from .loading import ModelUnavailable, load_pipeline, parameter_bytes
+from .loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
 from .modes import ExecutionMode
 from .previews import LatentPreviewer
 from .placement import (PlacementError, apply_placement, choose_placement, compile_for_placement,
@@ -184,9 +184,9 @@ class Engine:
 
         return self._worker.submit(run)
 
-    def load(self, model_id: str) -> None:
-        """Load ``model_id`` now (blocking); raises EngineError if it cannot be loaded."""
-        self.submit(lambda: self._load(model_id)).result()
+    def load(self, model_id: str) -> Any:
+        """Load ``model_id`` now (blocking) and return its diffusers pipeline; EngineError if it cannot."""
+        return self.submit(lambda: self._load(model_id).pipeline).result()
 
     def warmup(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                stop: threading.Event | None = None) -> list[BucketStatus]:
@@ -269,9 +269,10 @@ class Engine:
             raise EngineError(
                 f"{spec.id} needs tensor parallelism ({spec.total_gb:.0f} GB of weights, more than one "
                 f"{self.device.name} holds): start the app over several chips with scripts/serve_tp.sh N")
-        self._make_room_for(spec)
-        started = time.perf_counter()
         try:
+            ensure_available(spec)  # before freeing anything: a missing model must not evict the others
+            self._make_room_for(spec)
+            started = time.perf_counter()
             pipeline = load_pipeline(spec, self.device, self.config.models_dir)
         except ModelUnavailable as error:
             raise EngineError(str(error)) from None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 import random
+import shutil
+import tempfile
 from pathlib import Path
 import threading
 from dataclasses import dataclass
@@ -55,6 +57,28 @@ def read_png_settings(path: str | Path | None) -> dict | None:
         return None
 
 
+class _RequestFiles:
+    """Each image of a request written once as a PNG (settings chunks included).
+
+    The gallery is re-sent whole on every update; handing Gradio PIL images would re-encode and
+    rewrite every earlier image's cache file each time, racing clients that are downloading it.
+    File paths are copied into Gradio's cache once. The files here go when the request ends.
+    """
+
+    def __init__(self):
+        self.directory = Path(tempfile.mkdtemp(prefix="tpu-demo-"))
+        self._count = 0
+
+    def save(self, image: Image.Image, name: str) -> str:
+        self._count += 1
+        path = self.directory / f"{self._count:04d}-{name}.png"
+        image.save(path, format="PNG", pnginfo=pngmeta.png_info(image), compress_level=1)
+        return str(path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 def _caption(result: ImageResult) -> str:
     t = result.timings
     warmth = "warm" if result.warm else "compiled first"
@@ -84,7 +108,8 @@ class DemoUI:
         except RequestError as error:
             raise gr.Error(str(error), title="Invalid input") from None
         stop = self._new_stop(request)
-        gallery: list[tuple[Any, str]] = []
+        files = _RequestFiles()
+        gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
         try:
@@ -98,9 +123,9 @@ class DemoUI:
                              unit="steps")
                     if event.preview is not None:
                         caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
-                        yield gallery + [(event.preview, caption)]
+                        yield gallery + [(files.save(event.preview, "preview"), caption)]
                 elif isinstance(event, ImageResult):
-                    gallery.append((event.image, _caption(event)))
+                    gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield list(gallery)
                 elif isinstance(event, Stopped):
                     gr.Warning(f"Stopped ({event.reason}): {event.completed} of {total} images finished.")
@@ -110,6 +135,7 @@ class DemoUI:
             raise gr.Error(str(error), title="Generation failed") from None
         finally:
             self._drop_stop(request, stop)
+            files.remove()
 
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
@@ -232,7 +258,8 @@ class DemoUI:
         settings = self.settings
         spec = self.engine.spec(settings.start_model)
         modes = [(m.title, m.value) for m in settings.limits.offered_modes]
-        with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False) as demo:
+        # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
+        with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
             header = gr.HTML(self._header(spec.id))
             with gr.Row(equal_height=False):
                 with gr.Column(scale=2, min_width=300):
