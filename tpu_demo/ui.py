@@ -79,6 +79,15 @@ class _RequestFiles:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def _progress_text(event: StepProgress, images: int) -> str:
+    """"image 2/4 · step 3/8 · ETA 1.2 s image, 5.0 s request" from the measured step time."""
+    per_step = event.elapsed_seconds / max(event.step, 1)
+    image_left = per_step * (event.total - event.step)
+    request_left = image_left + per_step * event.total * (images - event.index - 1)
+    return (f"image {event.index + 1}/{images} \u00b7 step {event.step}/{event.total} \u00b7 "
+            f"ETA {image_left:.1f} s image, {request_left:.1f} s request")
+
+
 def _caption(result: ImageResult) -> str:
     t = result.timings
     warmth = "warm" if result.warm else "compiled first"
@@ -119,8 +128,7 @@ class DemoUI:
                                      "(first time, may take minutes on TPU)")
                 elif isinstance(event, StepProgress):
                     progress((event.index * event.total + event.step, total * event.total),
-                             desc=f"image {event.index + 1}/{total} \u00b7 step {event.step}/{event.total}",
-                             unit="steps")
+                             desc=_progress_text(event, total), unit="steps")
                     if event.preview is not None:
                         caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
                         yield gallery + [(files.save(event.preview, "preview"), caption)]
