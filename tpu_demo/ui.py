@@ -205,15 +205,14 @@ class DemoUI:
         self.engine.warmup_in_background(model_id, ExecutionMode(mode))
         return self._details(model_id, mode)
 
-    def status_table(self, model_id: str) -> str:
+    def status_table(self, model_id: str, mode: str) -> str:
+        """Markdown table of the model's buckets in ``mode``: cold / compiling / warm / failed."""
         status = self.engine.status()
-        rows = [b for b in status.buckets if b.model == model_id]
-        if not rows:
-            return "_No bucket used yet for this model._"
+        rows = self.engine.buckets_for(model_id, ExecutionMode(mode))
         icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
         lines = ["| bucket | mode | CFG | state | compile s | graphs |", "|---|---|---|---|---|---|"]
-        for b in sorted(rows, key=lambda b: (b.mode, b.resolution, b.cfg)):
+        for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
             lines.append(f"| {b.resolution} | {b.mode} | {'on' if b.cfg else 'off'} | {state} | {seconds} | {b.compiles} |")
@@ -307,7 +306,7 @@ class DemoUI:
                     if examples:
                         gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try")
             with gr.Accordion("Buckets (static shapes) and warmup", open=True):
-                status = gr.Markdown(self.status_table(spec.id))
+                status = gr.Markdown(self.status_table(spec.id, settings.start_mode.value))
             timer = gr.Timer(settings.status_refresh_seconds)
 
             inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews]
@@ -327,7 +326,7 @@ class DemoUI:
                                api_visibility="private", queue=False)
             dropped.upload(self.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
             mode.change(self.on_mode_change, [model, mode], [details], api_visibility="private", queue=False)
-            timer.tick(self.status_table, [model], [status], api_visibility="private", queue=False,
+            timer.tick(self.status_table, [model, mode], [status], api_visibility="private", queue=False,
                        show_progress="hidden")
         return demo
 
