@@ -368,7 +368,7 @@ class Engine:
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
             observer = _StepObserver(lambda event: None, 0, steps, threading.Event(), bucket, loaded.previewer, 0)
             self._compile_phase(loaded, mode, bucket, cfg, lambda: self._call_pipeline(
-                loaded, mode, "a photo of a red circle on a white background", bucket, steps, guidance, 0, observer))
+                loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
             with self._state_lock:
                 status.state, status.error = BucketState.FAILED, _user_message(error)
