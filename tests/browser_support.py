@@ -17,8 +17,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
-#: The gallery's finished images (thumbnails; the preview pane, when open, is not counted).
-GALLERY_IMAGES = "#gallery .grid-container img"
+#: The gallery's finished images: thumbnails, not live step previews (captioned "preview ...").
+GALLERY_IMAGES = '#gallery .grid-container img:not([alt^="preview"])'
 
 
 def launch_chromium(playwright: Any) -> Any:
