@@ -211,7 +211,8 @@ class DemoUI:
         rows = self.engine.buckets_for(model_id, ExecutionMode(mode))
         icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
-        icons = {state: f"<span class='bucket-state state-{state.value}'>{text}</span>" for state, text in icons.items()}
+        tones = {BucketState.COLD: "none", BucketState.COMPILING: "wait", BucketState.WARM: "ok", BucketState.FAILED: "bad"}
+        icons = {state: f"<span class='bucket-state tone-{tones[state]}'>{text}</span>" for state, text in icons.items()}
         lines = ["| bucket | mode | CFG | state | compile s | graphs |", "|---|---|---|---|---|---|"]
         for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
