@@ -73,10 +73,15 @@ def open_page(browser, app_url):
 
 
 def set_slider(page, elem_id: str, value: int) -> None:
-    field = page.locator(f"#{elem_id} input[type=number]")
-    field.fill(str(value))
-    field.press("Tab")
-    expect(page.locator(f"#{elem_id} input[type=range]")).to_have_value(str(value))
+    """Type into the slider's number box; retried because a late server update can reset it."""
+    field, slider = page.locator(f"#{elem_id} input[type=number]"), page.locator(f"#{elem_id} input[type=range]")
+    for _ in range(3):
+        field.fill(str(value))
+        field.press("Tab")
+        page.wait_for_timeout(200)
+        if slider.input_value() == str(value) and field.input_value() == str(value):
+            return
+    expect(slider).to_have_value(str(value))
 
 
 def choose(page, elem_id: str, option: str) -> None:
