@@ -121,6 +121,7 @@ class Engine:
         self._buckets: dict[_ShapeKey, BucketStatus] = {}
         self._state_lock = threading.Lock()
         self._busy = threading.Event()
+        self._closing = threading.Event()
         self._skip_decode = threading.local()
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {
@@ -208,7 +209,7 @@ class Engine:
         cfg = self.uses_cfg(spec, spec.default_guidance)
         results = []
         for bucket in buckets or spec.buckets:
-            if stop is not None and stop.is_set():
+            if (stop is not None and stop.is_set()) or self._closing.is_set():
                 break
             results.append(self.submit(lambda b=bucket: self._warm_bucket(spec, mode, b, cfg)).result())
         return results
@@ -256,7 +257,11 @@ class Engine:
             stop.set()  # a consumer that stops listening stops the job
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        """Drop queued jobs, wait for the running one, and free every loaded model."""
+        self._closing.set()
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        for model_id in list(self._models):  # the device thread has finished: safe from here
+            self._unload(model_id)
 
     # ---- on the device thread -------------------------------------------------------------
     def _bucket(self, key: _ShapeKey) -> BucketStatus:
