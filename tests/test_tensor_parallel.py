@@ -115,6 +115,14 @@ def tp_server(cache_dir, tmp_path_factory):
         server.stop()
 
 
+def _wait_for_denoising(job, seconds: float = 60) -> None:
+    """Until the server reports step progress: the request is mid-run on every rank."""
+    deadline = time.monotonic() + seconds
+    while job.status().code.name != "PROGRESS":
+        assert time.monotonic() < deadline and not job.done(), job.status()
+        time.sleep(0.05)
+
+
 def _single_process_pixels(make_engine, **fields) -> np.ndarray:
     from tpu_demo.events import ImageResult
     from tpu_demo.request import validate_request
@@ -151,10 +159,7 @@ def test_stop_reaches_every_rank(tp_server, make_engine):
     client = Client(tp_server.url, verbose=False)
     job = client.submit(**request_fields(model="tiny-flux", num_inference_steps=50, num_images=4),
                         api_name="/generate")
-    deadline = time.monotonic() + 60
-    while job.status().code.name != "PROCESSING" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)  # a few steps into the first image
+    _wait_for_denoising(job)
     started = time.monotonic()
     client.predict(api_name="/stop")
     while not job.done() and time.monotonic() - started < 30:
@@ -163,6 +168,30 @@ def test_stop_reaches_every_rank(tp_server, make_engine):
     assert all(len(gallery or []) < 4 for gallery in job.outputs())  # stopped before all four images
     after = _tp_pixels(client, model="tiny-flux", seed=3)
     assert np.abs(after - _single_process_pixels(make_engine, model="tiny-flux", seed=3)).max() <= 1
+
+
+def test_stuck_follower_times_out_then_requests_are_refused(tp_server):
+    """Next to last on the module's server: a follower that stops answering fails the group."""
+    client = Client(tp_server.url, verbose=False)
+    _tp_pixels(client, model="tiny-flux")  # this shape's step time is known
+    job = client.submit(**request_fields(model="tiny-flux", num_inference_steps=50, num_images=4),
+                        api_name="/generate")
+    _wait_for_denoising(job)
+    follower = tp_server.rank(1)
+    follower.suspend()  # SIGSTOP: alive but silent, so only a timeout can tell
+    try:
+        stuck_at = time.monotonic()
+        with pytest.raises(Exception) as failure:  # noqa: B017 - the gradio_client error type varies
+            job.result(timeout=TP_TIMEOUT_SECONDS + 30)
+        assert TP_TIMEOUT_SECONDS - 1 < time.monotonic() - stuck_at < TP_TIMEOUT_SECONDS + 30
+        assert "Tensor-parallel serving stopped" in str(failure.value), str(failure.value)
+        refused_at = time.monotonic()
+        with pytest.raises(Exception) as refusal:  # noqa: B017
+            _tp_pixels(client, model="tiny-flux", seed=1)
+        assert "no longer accepts requests" in str(refusal.value)
+        assert time.monotonic() - refused_at < 5  # refused at once, not after another timeout
+    finally:
+        follower.resume()
 
 
 def test_sigterm_on_launcher_stops_every_rank(tp_server):
@@ -182,10 +211,7 @@ def test_killed_follower_gives_a_clear_error_in_bounded_time(cache_dir, tmp_path
         _tp_pixels(client, model="tiny-flux")  # loaded and in lockstep
         job = client.submit(**request_fields(model="tiny-flux", num_inference_steps=50, num_images=4),
                             api_name="/generate")
-        deadline = time.monotonic() + 60
-        while job.status().code.name != "PROCESSING" and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        _wait_for_denoising(job)
         server.rank(1).kill()  # SIGKILL: the follower is gone mid-run
         killed_at = time.monotonic()
         with pytest.raises(Exception) as failure:  # noqa: B017 - the gradio_client error type varies
