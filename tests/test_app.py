@@ -7,10 +7,14 @@ from PIL import Image
 from conftest import request_fields
 
 
+def finished_images(update):
+    return [item for item in update if not (item.get("caption") or "").startswith("preview")]
+
+
 def test_generate_streams_one_gallery_update_per_image(launch_app):
     app, url = launch_app("--no-warmup")
     client = Client(url, verbose=False)
-    job = client.submit(**request_fields(num_images=3, seed=100), api_name="/generate")
+    job = client.submit(**request_fields(num_images=3, seed=100, previews=False), api_name="/generate")
     updates = [len(update) for update in job]
     assert updates == [1, 2, 3]
     final = job.outputs()[-1]
@@ -19,7 +23,7 @@ def test_generate_streams_one_gallery_update_per_image(launch_app):
     assert "seed 100" in final[0]["caption"] and "seed 102" in final[2]["caption"]
     # the same request again gives the same pixels (seed + i)
     again = client.predict(**request_fields(num_images=1, seed=101), api_name="/generate")
-    assert np.array_equal(np.asarray(Image.open(again[0]["image"])), np.asarray(images[1]))
+    assert np.array_equal(np.asarray(Image.open(finished_images(again)[0]["image"])), np.asarray(images[1]))
 
 
 def test_api_lists_the_documented_parameters(launch_app):
@@ -27,4 +31,21 @@ def test_api_lists_the_documented_parameters(launch_app):
     api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
     parameters = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert parameters == ["prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale",
-                          "seed", "num_images"]
+                          "seed", "num_images", "previews"]
+
+
+def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
+    import time
+
+    app, url = launch_app("--mode", "compiled", "--buckets", "64x64,128x128")
+    deadline = time.monotonic() + 180
+    table = app.ui.status_table("tiny-flux", "compiled")
+    while table.count("warm") < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        table = app.ui.status_table("tiny-flux", "compiled")
+    rows = [line for line in table.splitlines() if line.startswith("| 64x64") or line.startswith("| 128x128")]
+    assert len(rows) == 2 and all("warm" in row for row in rows), table
+    compiled = app.engine.counter.count
+    result = Client(url, verbose=False).predict(**request_fields(mode="compiled", resolution="128x128", previews=False),
+                                                api_name="/generate")
+    assert "warm" in result[0]["caption"] and app.engine.counter.count == compiled

@@ -31,10 +31,12 @@ from .catalog import CATALOG, ModelSpec, Placement, get_spec
 from .compile_counter import CompileCounter
 from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
-from .loading import ModelUnavailable, load_pipeline, parameter_bytes
+from .loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
 from .lockstep import LoadModel, Lockstep, PipelineCall, TensorParallelFailure
 from .modes import ExecutionMode
-from .placement import apply_placement, choose_placement, compile_for_placement, describe_placement
+from .previews import LatentPreviewer
+from .placement import (PlacementError, apply_placement, choose_placement, compile_for_placement,
+                        describe_placement)
 from .request import GenerationRequest
 
 log = logging.getLogger("tpu_demo.engine")
@@ -58,6 +60,8 @@ class EngineConfig:
     #: GB of weights that may stay loaded together; None keeps one model at a time
     memory_budget_gb: float | None = None
     warmup_steps: int = 2
+    #: emit a latent preview every this many denoising steps (0: never)
+    preview_every: int = 1
 
 
 @dataclass
@@ -68,29 +72,42 @@ class _LoadedModel:
     weight_bytes: int
     compiled: bool = False
     last_used: float = 0.0
+    previewer: LatentPreviewer = field(default_factory=LatentPreviewer)
 
 
 _ShapeKey = tuple[str, str, str, bool]  # (model, mode, resolution, classifier-free guidance on)
 
 
 class _StepObserver:
-    """``callback_on_step_end``: reports each step, and on stop sets the pipeline's interrupt flag."""
+    """``callback_on_step_end``: reports steps and previews, keeps the final latents for the
+    preview fit, and on stop sets the pipeline's interrupt flag (diffusers then skips the
+    remaining steps)."""
 
-    def __init__(self, emit: Callable[[Any], None], index: int, total: int, stop: threading.Event):
+    def __init__(self, emit: Callable[[Any], None], index: int, total: int, stop: threading.Event,
+                 bucket: Bucket, previewer: LatentPreviewer, preview_every: int):
         self.emit, self.index, self.total, self.stop = emit, index, total, stop
+        self.bucket, self.previewer, self.preview_every = bucket, previewer, preview_every
         self.started = time.perf_counter()
         self.last_step_at: float | None = None
         self.steps_done = 0
         self.interrupted = False
+        self.final_latents: torch.Tensor | None = None
 
     def __call__(self, pipeline: Any, step: int, timestep: Any, callback_kwargs: dict) -> dict:
         self.steps_done = step + 1
-        self.last_step_at = time.perf_counter()
         if self.stop.is_set():
-            pipeline._interrupt = True  # diffusers skips the remaining steps
+            pipeline._interrupt = True
             self.interrupted = True
-        else:
-            self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started))
+            return {}
+        latents = callback_kwargs.get("latents")
+        last = self.steps_done >= self.total
+        if last and latents is not None and self.previewer.wants_observation():
+            self.final_latents = latents.detach().to("cpu", copy=True)
+        preview = None
+        if self.preview_every and not last and self.steps_done % self.preview_every == 0 and latents is not None:
+            preview = self.previewer.render(latents, self.bucket)
+        self.last_step_at = time.perf_counter()
+        self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started, preview))
         return {}
 
 
@@ -159,6 +176,16 @@ class Engine:
     def bucket_status(self, model_id: str, mode: ExecutionMode, resolution: str, cfg: bool) -> BucketStatus:
         return replace(self._bucket((model_id, mode.value, resolution, cfg)))
 
+    def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
+        """Every configured bucket of ``model_id`` in ``mode`` (cold ones too), plus any other shape used."""
+        spec = self.spec(model_id)
+        cfg = self.uses_cfg(spec, spec.default_guidance)
+        configured = [self.bucket_status(model_id, mode, str(bucket), cfg) for bucket in spec.buckets]
+        with self._state_lock:
+            others = [replace(status) for key, status in self._buckets.items()
+                      if key[0] == model_id and key[1] == mode.value and key[3] != cfg]
+        return configured + others
+
     def uses_cfg(self, spec: ModelSpec, guidance_scale: float) -> bool:
         """Classifier-free guidance doubles the batch: another static shape."""
         return spec.uses_cfg and guidance_scale > 1.0
@@ -176,9 +203,9 @@ class Engine:
 
         return self._worker.submit(run)
 
-    def load(self, model_id: str) -> None:
-        """Load ``model_id`` now (blocking); raises EngineError if it cannot be loaded."""
-        self.submit(lambda: self._load(model_id)).result()
+    def load(self, model_id: str) -> Any:
+        """Load ``model_id`` now (blocking) and return its diffusers pipeline; EngineError if it cannot."""
+        return self.submit(lambda: self._load(model_id).pipeline).result()
 
     def warmup(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                stop: threading.Event | None = None) -> list[BucketStatus]:
@@ -260,18 +287,27 @@ class Engine:
             loaded.last_used = time.monotonic()
             return loaded
         spec = self.spec(model_id)
-        placement = choose_placement(spec, self.device, self.config.placement_override, self.world_size)
+        try:
+            placement = choose_placement(spec, self.device, self.config.placement_override, self.world_size)
+        except PlacementError as error:
+            raise EngineError(str(error)) from None
+        if placement is Placement.TENSOR_PARALLEL and self.lockstep is None:
+            raise EngineError(
+                f"{spec.id} needs tensor parallelism ({spec.total_gb:.0f} GB of weights, more than one "
+                f"{self.device.name} holds): start the app over several chips with scripts/serve_tp.sh N")
         with self._in_lockstep(LoadModel(model_id)):
-            self._make_room_for(spec)
-            started = time.perf_counter()
             try:
-                if placement is Placement.TENSOR_PARALLEL and self.lockstep is not None:
+                ensure_available(spec)  # before freeing anything: a missing model must not evict the others
+                self._make_room_for(spec)
+                started = time.perf_counter()
+                if placement is Placement.TENSOR_PARALLEL:
                     pipeline = self.lockstep.load_pipeline(spec, self.config.models_dir)
                 else:
                     pipeline = load_pipeline(spec, self.device, self.config.models_dir)
-                    apply_placement(pipeline, placement, self.device)
             except ModelUnavailable as error:
                 raise EngineError(str(error)) from None
+            if placement is not Placement.TENSOR_PARALLEL:
+                apply_placement(pipeline, placement, self.device)
         self._install_decode_guard(pipeline)
         loaded = _LoadedModel(spec, pipeline, placement, parameter_bytes(pipeline), last_used=time.monotonic())
         with self._state_lock:
@@ -324,24 +360,34 @@ class Engine:
 
     def _ensure_compiled(self, loaded: _LoadedModel) -> None:
         if not loaded.compiled:
-            compile_for_placement(loaded.pipeline, loaded.placement, self.counter)
+            compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
             loaded.compiled = True
 
     def _call_pipeline(self, loaded: _LoadedModel, mode: ExecutionMode, prompt: str, bucket: Bucket,
-                       steps: int, guidance: float, seed: int, observer: _StepObserver | None) -> Any:
+                       steps: int, guidance: float, seed: int, observer: _StepObserver) -> Any:
         if mode is ExecutionMode.COMPILED:
             self._ensure_compiled(loaded)
-        kwargs = dict(loaded.spec.call_kwargs)
         callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
-        if callback is not None:
-            kwargs.update(callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"])
         call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed)
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
-                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed), **kwargs)
+                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
+                callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
+                **loaded.spec.call_kwargs)
             synchronize(self.device)
+        if observer.final_latents is not None and not observer.interrupted:
+            loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
         return output
+
+    def run_followed_call(self, call: PipelineCall) -> None:
+        """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
+        loaded = self._load(call.model_id)
+        bucket = Bucket(call.width, call.height)
+        observer = _StepObserver(lambda event: None, 0, call.num_inference_steps, threading.Event(), bucket,
+                                 loaded.previewer, 0)
+        self._call_pipeline(loaded, ExecutionMode(call.mode), call.prompt, bucket, call.num_inference_steps,
+                            call.guidance_scale, call.seed, observer)
 
     def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
         """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
@@ -358,8 +404,9 @@ class Engine:
             guidance = spec.default_guidance if cfg == self.uses_cfg(spec, spec.default_guidance) else (
                 2.0 if cfg else 1.0)
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
-            self._compile_phase(loaded, mode, bucket, cfg,
-                                lambda: self._call_pipeline(loaded, mode, "warmup", bucket, steps, guidance, 0, None))
+            observer = _StepObserver(lambda event: None, 0, steps, threading.Event(), bucket, loaded.previewer, 0)
+            self._compile_phase(loaded, mode, bucket, cfg, lambda: self._call_pipeline(
+                loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
             with self._state_lock:
                 status.state, status.error = BucketState.FAILED, _user_message(error)
@@ -398,7 +445,8 @@ class Engine:
             seed = request.seed + index
             status = self._bucket((spec.id, request.mode.value, str(bucket), cfg))
             warm = status.state is BucketState.WARM
-            observer = _StepObserver(emit, index, request.num_inference_steps, stop)
+            observer = _StepObserver(emit, index, request.num_inference_steps, stop, bucket, loaded.previewer,
+                                     self.config.preview_every if request.previews else 0)
             call = lambda: self._call_pipeline(loaded, request.mode, request.prompt, bucket,  # noqa: E731
                                                request.num_inference_steps, request.guidance_scale, seed, observer)
             started = time.perf_counter()
@@ -416,7 +464,7 @@ class Engine:
                 self._skip_decode.active = False
             finished = time.perf_counter()
             if observer.interrupted or output is None:
-                emit(Stopped(completed=index, reason="stopped"))
+                emit(Stopped(completed=index, reason=f"stopped at step {observer.steps_done} of image {index + 1}"))
                 return
             image = output.images[0]
             denoise_end = observer.last_step_at or finished

@@ -211,7 +211,6 @@ class Lockstep:
         0) ends the loop: the ranks are out of step, and torchrun then stops the group.
         """
         from .engine import EngineError
-        from .modes import ExecutionMode
 
         while True:
             box: list[Any] = [None]
@@ -222,15 +221,11 @@ class Lockstep:
                 return 0
             if isinstance(message, LoadModel):
                 try:
-                    engine._load(message.model_id)  # the same Engine path as rank 0
+                    engine.load(message.model_id)  # the same Engine path as rank 0
                 except EngineError as error:
                     log.warning("rank %d: %s", self.world.rank, error)
             elif isinstance(message, PipelineCall):
-                from .buckets import Bucket
-
-                engine._call_pipeline(engine._load(message.model_id), ExecutionMode(message.mode), message.prompt,
-                                      Bucket(message.width, message.height), message.num_inference_steps,
-                                      message.guidance_scale, message.seed, None)
+                engine.submit(lambda call=message: engine.run_followed_call(call)).result()
             else:
                 raise TypeError(f"unknown lockstep message {message!r}")
 

@@ -35,6 +35,8 @@ def choose_placement(spec: ModelSpec, device: DeviceInfo, override: Placement | 
         return override
     if world_size > 1 and Placement.TENSOR_PARALLEL in spec.placements:
         return Placement.TENSOR_PARALLEL
+    if device.kind == "cpu":  # host memory is the only memory: offloading to it changes nothing
+        return Placement.WHOLE if Placement.WHOLE in spec.placements else spec.placements[0]
     usable_gb = (device.memory_bytes_per_device or 0) / 1e9 * _MEMORY_HEADROOM
     if not spec.component_gb or usable_gb <= 0:
         return spec.placements[0]
@@ -71,10 +73,16 @@ def apply_placement(pipeline: Any, placement: Placement, device: DeviceInfo) -> 
             "scripts/serve_tp.sh N (torchrun) on a host with several chips")
 
 
-def compile_for_placement(pipeline: Any, placement: Placement, backend: Any) -> None:
-    """Compile the transformer for static shapes (one graph per bucket), as the source document does."""
+def compile_for_placement(pipeline: Any, placement: Placement, backend: Any, spec: ModelSpec) -> None:
+    """Compile the transformer for static shapes (one graph per bucket), as the source document does.
+
+    Under offload the hooks cannot be traced, so only the repeated blocks compile (diffusers'
+    ``compile_repeated_blocks``; the catalog names the block classes where the model does not).
+    """
     options = dict(backend=backend, fullgraph=True, dynamic=False)
     if placement is Placement.OFFLOAD:
+        if spec.repeated_blocks:
+            pipeline.transformer._repeated_blocks = list(spec.repeated_blocks)
         pipeline.transformer.compile_repeated_blocks(**options)
     else:
         pipeline.transformer.compile(**options)

@@ -57,6 +57,7 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
         bucket_overrides={start_model: config.buckets} if config.buckets else {},
         placement_override=Placement(config.placement) if config.placement else None,
         memory_budget_gb=config.memory_budget,
+        preview_every=config.preview_every,
     ), device, lockstep)
 
 
@@ -88,6 +89,7 @@ def launch(app: App, **kwargs) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes
     config = parse_config(argv)
     if config.tensor_parallel:
         from .tp_serve import serve_tensor_parallel

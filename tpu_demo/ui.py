@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import html
 import random
+import shutil
+import tempfile
+from pathlib import Path
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import gradio as gr
+from PIL import Image
 
+from . import pngmeta
 from .catalog import ASSETS_DIR, ModelSpec
 from .events import BucketState, Compiling, ImageResult, StepProgress, Stopped
 from .modes import ExecutionMode
@@ -41,6 +46,48 @@ def example_prompts(spec: ModelSpec) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:12]
 
 
+def read_png_settings(path: str | Path | None) -> dict | None:
+    """Settings from a PNG file that Gradio handed us (its own cache), or None."""
+    if not path:
+        return None
+    try:
+        with Image.open(path) as image:
+            return pngmeta.read_settings(image)
+    except (OSError, ValueError):
+        return None
+
+
+class _RequestFiles:
+    """Each image of a request written once as a PNG (settings chunks included).
+
+    The gallery is re-sent whole on every update; handing Gradio PIL images would re-encode and
+    rewrite every earlier image's cache file each time, racing clients that are downloading it.
+    File paths are copied into Gradio's cache once. The files here go when the request ends.
+    """
+
+    def __init__(self):
+        self.directory = Path(tempfile.mkdtemp(prefix="tpu-demo-"))
+        self._count = 0
+
+    def save(self, image: Image.Image, name: str) -> str:
+        self._count += 1
+        path = self.directory / f"{self._count:04d}-{name}.png"
+        image.save(path, format="PNG", pnginfo=pngmeta.png_info(image), compress_level=1)
+        return str(path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _progress_text(event: StepProgress, images: int) -> str:
+    """"image 2/4 · step 3/8 · ETA 1.2 s image, 5.0 s request" from the measured step time."""
+    per_step = event.elapsed_seconds / max(event.step, 1)
+    image_left = per_step * (event.total - event.step)
+    request_left = image_left + per_step * event.total * (images - event.index - 1)
+    return (f"image {event.index + 1}/{images} \u00b7 step {event.step}/{event.total} \u00b7 "
+            f"ETA {image_left:.1f} s image, {request_left:.1f} s request")
+
+
 def _caption(result: ImageResult) -> str:
     t = result.timings
     warmth = "warm" if result.warm else "compiled first"
@@ -59,18 +106,19 @@ class DemoUI:
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
-                 guidance_scale: Any, seed: Any, num_images: Any, request: gr.Request = None,
-                 progress: gr.Progress = gr.Progress()) -> Iterator[list]:
-        """Stream the gallery: one update per finished image."""
+                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True,
+                 request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
+        """Stream the gallery: one update per finished image, plus live previews while denoising."""
         try:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                num_images=num_images), self.settings.limits)
+                num_images=num_images, previews=previews), self.settings.limits)
         except RequestError as error:
             raise gr.Error(str(error), title="Invalid input") from None
         stop = self._new_stop(request)
-        gallery: list[tuple[Any, str]] = []
+        files = _RequestFiles()
+        gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
         try:
@@ -80,18 +128,22 @@ class DemoUI:
                                      "(first time, may take minutes on TPU)")
                 elif isinstance(event, StepProgress):
                     progress((event.index * event.total + event.step, total * event.total),
-                             desc=f"image {event.index + 1}/{total} \u00b7 step {event.step}/{event.total}",
-                             unit="steps")
+                             desc=_progress_text(event, total), unit="steps")
+                    if event.preview is not None:
+                        caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
+                        yield gallery + [(files.save(event.preview, "preview"), caption)]
                 elif isinstance(event, ImageResult):
-                    gallery.append((event.image, _caption(event)))
+                    gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield list(gallery)
                 elif isinstance(event, Stopped):
-                    gr.Warning(f"Stopped: {event.completed} of {total} images finished.")
+                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {total} images finished.")
+                    yield list(gallery)
                     return
         except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
             raise gr.Error(str(error), title="Generation failed") from None
         finally:
             self._drop_stop(request, stop)
+            files.remove()
 
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
@@ -101,33 +153,66 @@ class DemoUI:
             event.set()
 
     def on_model_change(self, model_id: str, mode: str):
+        """A user picked another model: its defaults, and load + warm it in the background."""
         spec = self.engine.spec(model_id)
         self.engine.warmup_in_background(model_id, ExecutionMode(mode))
-        guidance_fixed = spec.guidance_fixed
-        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance)
+        return self._model_controls(spec, str(spec.buckets[0]), spec.default_steps, spec.default_guidance, mode)
+
+    def _model_controls(self, spec: ModelSpec, resolution: str, steps: int, guidance: float, mode: str):
+        """Updates for (resolution, steps, guidance, header, details) showing ``spec``'s limits."""
+        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
         return (
-            gr.update(choices=self._resolution_choices(spec), value=str(spec.buckets[0])),
-            gr.update(minimum=spec.min_steps, maximum=spec.max_steps, value=spec.default_steps),
-            gr.update(minimum=low, maximum=high if high > low else low + 1, value=spec.default_guidance,
-                      interactive=not guidance_fixed,
-                      info="fixed by this model" if guidance_fixed else "classifier-free guidance"),
-            self._header(model_id),
-            self._details(model_id, mode),
+            gr.update(choices=self._resolution_choices(spec), value=resolution),
+            gr.update(minimum=spec.min_steps, maximum=spec.max_steps, value=steps),
+            gr.update(minimum=low, maximum=high, value=guidance, interactive=not spec.guidance_fixed,
+                      info="fixed by this model" if spec.guidance_fixed else "classifier-free guidance"),
+            self._header(spec.id),
+            self._details(spec.id, mode),
         )
+
+    def restore_settings(self, image_path: str | None, mode: str):
+        """Fill the controls from a PNG this app made (gallery selection or a dropped file)."""
+        settings = read_png_settings(image_path)
+        if settings is None:
+            gr.Warning("This image carries no settings from this app.")
+            return (gr.skip(),) * 10
+        model_id = settings.get("model")
+        if model_id not in self.engine.specs:
+            gr.Warning(f"The image was made with {model_id!r}, which is not offered here.")
+            return (gr.skip(),) * 10
+        spec = self.engine.spec(model_id)
+        mode = settings.get("mode", mode)
+        restored = self._model_controls(spec, settings.get("resolution", str(spec.buckets[0])),
+                                        settings.get("num_inference_steps", spec.default_steps),
+                                        settings.get("guidance_scale", spec.default_guidance), mode)
+        gr.Info("Settings restored from the image.")
+        return (settings.get("prompt", ""), model_id, mode, *restored[:3], settings.get("seed", 0), False,
+                *restored[3:])
+
+    def restore_from_gallery(self, gallery: list | None, selected: int | None, mode: str):
+        if not gallery or selected is None or selected >= len(gallery):
+            gr.Warning("Select an image in the gallery first.")
+            return (gr.skip(),) * 10
+        item = gallery[selected]
+        path = item[0] if isinstance(item, (list, tuple)) else item
+        return self.restore_settings(path, mode)
+
+    @staticmethod
+    def on_select(event: gr.SelectData) -> int:
+        return event.index
 
     def on_mode_change(self, model_id: str, mode: str):
         self.engine.warmup_in_background(model_id, ExecutionMode(mode))
         return self._details(model_id, mode)
 
-    def status_table(self, model_id: str) -> str:
+    def status_table(self, model_id: str, mode: str) -> str:
+        """Markdown table of the model's buckets in ``mode``: cold / compiling / warm / failed."""
         status = self.engine.status()
-        rows = [b for b in status.buckets if b.model == model_id]
-        if not rows:
-            return "_No bucket used yet for this model._"
+        rows = self.engine.buckets_for(model_id, ExecutionMode(mode))
         icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
         lines = ["| bucket | mode | CFG | state | compile s | graphs |", "|---|---|---|---|---|---|"]
-        for b in sorted(rows, key=lambda b: (b.mode, b.resolution, b.cfg)):
+        for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
             lines.append(f"| {b.resolution} | {b.mode} | {'on' if b.cfg else 'off'} | {state} | {seconds} | {b.compiles} |")
@@ -180,7 +265,8 @@ class DemoUI:
         settings = self.settings
         spec = self.engine.spec(settings.start_model)
         modes = [(m.title, m.value) for m in settings.limits.offered_modes]
-        with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False) as demo:
+        # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
+        with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
             header = gr.HTML(self._header(spec.id))
             with gr.Row(equal_height=False):
                 with gr.Column(scale=2, min_width=300):
@@ -206,18 +292,24 @@ class DemoUI:
                             randomize = gr.Checkbox(label="Randomize seed", value=True)
                         num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
                                                step=1, value=min(2, settings.limits.max_images))
+                        previews = gr.Checkbox(label="Live previews while denoising", value=True)
                     details = gr.Markdown(self._details(spec.id, settings.start_mode.value))
                 with gr.Column(scale=3, min_width=300):
-                    gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto",
+                    gallery = gr.Gallery(label="Images", format="png", type="filepath", columns=2, height="auto",
                                          object_fit="contain", show_label=False)
+                    selected = gr.State(None)
+                    with gr.Row():
+                        reuse_button = gr.Button("Reuse settings of the selected image", size="sm")
+                    dropped = gr.Image(label="Drop a PNG made here to restore its settings", type="filepath",
+                                       sources=["upload"], image_mode=None, height=140)
                     examples = example_prompts(spec)
                     if examples:
                         gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try")
             with gr.Accordion("Buckets (static shapes) and warmup", open=True):
-                status = gr.Markdown(self.status_table(spec.id))
+                status = gr.Markdown(self.status_table(spec.id, settings.start_mode.value))
             timer = gr.Timer(settings.status_refresh_seconds)
 
-            inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images]
+            inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews]
             generation = gr.on(
                 triggers=[generate_button.click, prompt.submit], fn=self.pick_seed, inputs=[seed, randomize],
                 outputs=[seed], queue=False, api_visibility="private",
@@ -226,10 +318,15 @@ class DemoUI:
                 concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
             )
             stop_button.click(self.stop, None, None, queue=False, api_name="stop", cancels=[generation])
-            model.change(self.on_model_change, [model, mode], [resolution, steps, guidance, header, details],
-                         api_visibility="private", queue=False)
+            model.input(self.on_model_change, [model, mode], [resolution, steps, guidance, header, details],
+                        api_visibility="private", queue=False)
+            restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details]
+            gallery.select(self.on_select, None, [selected], api_visibility="private", queue=False)
+            reuse_button.click(self.restore_from_gallery, [gallery, selected, mode], restored,
+                               api_visibility="private", queue=False)
+            dropped.upload(self.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
             mode.change(self.on_mode_change, [model, mode], [details], api_visibility="private", queue=False)
-            timer.tick(self.status_table, [model], [status], api_visibility="private", queue=False,
+            timer.tick(self.status_table, [model, mode], [status], api_visibility="private", queue=False,
                        show_progress="hidden")
         return demo
 
