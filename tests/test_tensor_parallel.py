@@ -95,6 +95,16 @@ class TensorParallelServer:
         return self.log_path.read_text(errors="replace")
 
 
+def test_tensor_parallel_flags_and_environment():
+    from tpu_demo.config import parse_config
+
+    config = parse_config(["--tensor-parallel", "--tp-timeout", "5"], environ={})
+    assert config.tensor_parallel and config.tp_timeout == 5.0
+    config = parse_config([], environ={"TPU_DEMO_TENSOR_PARALLEL": "1", "TPU_DEMO_TP_TIMEOUT": "7.5"})
+    assert config.tensor_parallel and config.tp_timeout == 7.5
+    assert not parse_config([], environ={}).tensor_parallel and parse_config([], environ={}).tp_timeout == 60.0
+
+
 def _built(cache_dir: Path) -> None:
     """Build the tiny models here first, so no rank writes them while another reads."""
     from tpu_demo.tiny_models import ensure_tiny_pipeline

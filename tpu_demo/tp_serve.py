@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from typing import NoReturn
 
@@ -41,6 +42,8 @@ def serve_tensor_parallel(config: AppConfig) -> NoReturn:
         log.exception("rank %d failed", lockstep.world.rank)
     finally:
         logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
 
 
