@@ -105,6 +105,10 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any] | None, Any, str], ...] = (
     ("max-prompt-chars", _positive_int, 1000, "longest prompt accepted"),
     ("no-warmup", None, False, "do not warm the buckets at start-up"),
     ("share", None, False, "create a public gradio.live link (contacts Gradio's share servers)"),
+    ("tensor-parallel", None, False, "one rank of a tensor-parallel group started by torchrun "
+                                     "(use scripts/serve_tp.sh N); rank 0 serves the UI"),
+    ("tp-timeout", _positive_float, 60.0, "seconds a tensor-parallel rank may lag beyond the expected step "
+                                          "time before rank 0 reports the group failed"),
 )
 
 
@@ -128,6 +132,8 @@ class AppConfig:
     max_prompt_chars: int
     no_warmup: bool
     share: bool
+    tensor_parallel: bool = False
+    tp_timeout: float = 60.0
 
     @property
     def resolved_cache_dir(self) -> Path:

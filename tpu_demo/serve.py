@@ -11,9 +11,10 @@ import torch
 
 from .catalog import REAL_MODEL_IDS, TINY_MODEL_IDS, CATALOG, Placement
 from .config import AppConfig, parse_config
-from .device import detect_device
+from .device import DeviceInfo, detect_device
 from .engine import Engine, EngineConfig
 from .loading import hub_weights_present
+from .lockstep import Lockstep
 from .modes import ExecutionMode
 from .request import RequestLimits
 from .ui import DemoUI, UiSettings, launch_kwargs
@@ -30,22 +31,26 @@ class App:
 
 
 def offered_models(config: AppConfig) -> tuple[str, ...]:
-    """The operator's list, else the tiny models plus the real ones whose weights are present."""
-    if config.models:
-        return config.models
-    return TINY_MODEL_IDS + tuple(m for m in REAL_MODEL_IDS if hub_weights_present(CATALOG[m]))
+    """The operator's list, else the tiny models plus the real ones whose weights are present.
+
+    A tensor-parallel run offers only models that can be sharded.
+    """
+    models = config.models or TINY_MODEL_IDS + tuple(m for m in REAL_MODEL_IDS if hub_weights_present(CATALOG[m]))
+    if config.model and config.model not in models:
+        models = (config.model,) + models
+    if config.tensor_parallel:
+        models = tuple(m for m in models if Placement.TENSOR_PARALLEL in CATALOG[m].placements)
+    return models
 
 
-def build_app(config: AppConfig) -> App:
-    """Everything but the network listener; warmup of the start model starts in the background."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = detect_device(config.device)
+def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | None = None) -> Engine:
+    """The engine for ``config``; in a tensor-parallel run every rank builds the same one."""
     models = offered_models(config)
+    if not models or (config.model and config.model not in models):
+        raise SystemExit(f"app.py: error: --model/--models: {config.model or 'none of the offered models'} "
+                         "cannot be served tensor-parallel")
     start_model = config.model or models[0]
-    if start_model not in models:
-        models = (start_model,) + models
-    engine = Engine(EngineConfig(
+    return Engine(EngineConfig(
         models_dir=config.resolved_cache_dir / "models",
         cpu_compile_backend=config.compile_backend,
         offered_models=models,
@@ -53,7 +58,17 @@ def build_app(config: AppConfig) -> App:
         placement_override=Placement(config.placement) if config.placement else None,
         memory_budget_gb=config.memory_budget,
         preview_every=config.preview_every,
-    ), device)
+    ), device, lockstep)
+
+
+def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
+    """Everything but the network listener; warmup of the start model starts in the background."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = lockstep.world.device if lockstep is not None else detect_device(config.device)
+    engine = build_engine(config, device, lockstep)
+    models = tuple(engine.specs)
+    start_model = config.model or models[0]
     settings = UiSettings(start_model=start_model, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
         offered_modes=tuple(ExecutionMode)))
@@ -76,4 +91,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes
     config = parse_config(argv)
+    if config.tensor_parallel:
+        from .tp_serve import serve_tensor_parallel
+
+        serve_tensor_parallel(config)
+        return
     launch(build_app(config))
