@@ -28,7 +28,8 @@ from . import pngmeta
 from .buckets import Bucket
 from .catalog import CATALOG, ModelSpec, Placement, get_spec
 from .compile_counter import CompileCounter
-from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
+from .device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
+                     synchronize)
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
 from .loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
 from .modes import ExecutionMode
@@ -229,6 +230,8 @@ class Engine:
             try:
                 self._run_request(request, events.put, stop)
             except Exception as error:  # noqa: BLE001 - reported to the caller below
+                log.warning("request failed: %s", _user_message(error))
+                release_cached_memory(self.device)  # the next request starts clean
                 events.put(error)
             finally:
                 events.put(done)
