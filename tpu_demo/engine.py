@@ -168,6 +168,16 @@ class Engine:
     def bucket_status(self, model_id: str, mode: ExecutionMode, resolution: str, cfg: bool) -> BucketStatus:
         return replace(self._bucket((model_id, mode.value, resolution, cfg)))
 
+    def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
+        """Every configured bucket of ``model_id`` in ``mode`` (cold ones too), plus any other shape used."""
+        spec = self.spec(model_id)
+        cfg = self.uses_cfg(spec, spec.default_guidance)
+        configured = [self.bucket_status(model_id, mode, str(bucket), cfg) for bucket in spec.buckets]
+        with self._state_lock:
+            others = [replace(status) for key, status in self._buckets.items()
+                      if key[0] == model_id and key[1] == mode.value and key[3] != cfg]
+        return configured + others
+
     def uses_cfg(self, spec: ModelSpec, guidance_scale: float) -> bool:
         """Classifier-free guidance doubles the batch: another static shape."""
         return spec.uses_cfg and guidance_scale > 1.0
@@ -361,7 +371,7 @@ class Engine:
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
             observer = _StepObserver(lambda event: None, 0, steps, threading.Event(), bucket, loaded.previewer, 0)
             self._compile_phase(loaded, mode, bucket, cfg, lambda: self._call_pipeline(
-                loaded, mode, "a photo of a red circle on a white background", bucket, steps, guidance, 0, observer))
+                loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
             with self._state_lock:
                 status.state, status.error = BucketState.FAILED, _user_message(error)

@@ -102,6 +102,7 @@ def hardening_app_kwargs(app: App) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes
     config = parse_config(argv)
     app = build_app(config)
     with stop_on_sigterm(app.ui.supervisor, app.engine):
