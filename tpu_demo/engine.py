@@ -133,8 +133,14 @@ class Engine:
         # fullgraph=True turns dynamo's recompile limit into a hard failure: cover every shape
         # (each bucket, with and without classifier-free guidance) with room to spare.
         limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count + 8)
-        torch._dynamo.config.recompile_limit = limit
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
+        self._recompile_limits = {"recompile_limit": limit, "accumulated_recompile_limit": max(
+            torch._dynamo.config.accumulated_recompile_limit, 4 * limit)}
+        self._apply_recompile_limits()
+
+    def _apply_recompile_limits(self) -> None:
+        """Dynamo's config is per thread (ContextVars): set here and on the device thread, which compiles."""
+        for name, value in self._recompile_limits.items():
+            setattr(torch._dynamo.config, name, value)
 
     # ---- read-only views -------------------------------------------------------------------
     def spec(self, model_id: str) -> ModelSpec:
@@ -189,6 +195,7 @@ class Engine:
         def run() -> Any:
             self._busy.set()
             try:
+                self._apply_recompile_limits()
                 return job()
             finally:
                 self._busy.clear()
