@@ -29,7 +29,8 @@ from . import pngmeta
 from .buckets import Bucket
 from .catalog import CATALOG, ModelSpec, Placement, get_spec
 from .compile_counter import CompileCounter
-from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
+from .device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
+                     synchronize)
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
 from .loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
 from .lockstep import LoadModel, Lockstep, PipelineCall, TensorParallelFailure
@@ -142,8 +143,14 @@ class Engine:
         # fullgraph=True turns dynamo's recompile limit into a hard failure: cover every shape
         # (each bucket, with and without classifier-free guidance) with room to spare.
         limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count + 8)
-        torch._dynamo.config.recompile_limit = limit
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
+        self._recompile_limits = {"recompile_limit": limit, "accumulated_recompile_limit": max(
+            torch._dynamo.config.accumulated_recompile_limit, 4 * limit)}
+        self._apply_recompile_limits()
+
+    def _apply_recompile_limits(self) -> None:
+        """Dynamo's config is per thread (ContextVars): set here and on the device thread, which compiles."""
+        for name, value in self._recompile_limits.items():
+            setattr(torch._dynamo.config, name, value)
 
     # ---- read-only views -------------------------------------------------------------------
     def spec(self, model_id: str) -> ModelSpec:
@@ -198,6 +205,7 @@ class Engine:
         def run() -> Any:
             self._busy.set()
             try:
+                self._apply_recompile_limits()
                 return job()
             finally:
                 self._busy.clear()
@@ -251,6 +259,8 @@ class Engine:
             try:
                 self._run_request(request, events.put, stop)
             except Exception as error:  # noqa: BLE001 - reported to the caller below
+                log.warning("request failed: %s", _user_message(error))
+                release_cached_memory(self.device)  # the next request starts clean
                 events.put(error)
             finally:
                 events.put(done)

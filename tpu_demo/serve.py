@@ -8,15 +8,21 @@ from typing import Sequence
 
 import gradio as gr
 import torch
+from starlette.middleware import Middleware
 
+from . import gradio_queue
+from .admission import AdmissionLimits, AdmissionMiddleware
 from .catalog import REAL_MODEL_IDS, TINY_MODEL_IDS, CATALOG, Placement
 from .config import AppConfig, parse_config
 from .device import DeviceInfo, detect_device
 from .engine import Engine, EngineConfig
+from .health import health_route
 from .loading import hub_weights_present
 from .lockstep import Lockstep
 from .modes import ExecutionMode
 from .request import RequestLimits
+from .shutdown import stop_on_sigterm
+from .supervision import RequestSupervisor, SupervisionSettings
 from .ui import DemoUI, UiSettings, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
@@ -72,9 +78,12 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     settings = UiSettings(start_model=start_model, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
         offered_modes=tuple(ExecutionMode)))
-    ui = DemoUI(engine, settings)
+    supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
+                                                       log_prompts=config.log_prompts))
+    ui = DemoUI(engine, settings, supervisor)
     demo = ui.build()
-    demo.queue(max_size=config.max_queue, default_concurrency_limit=1)
+    # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too
+    demo.queue(max_size=None, default_concurrency_limit=1)
     if not config.no_warmup:
         engine.warmup_in_background(start_model, config.start_mode)
     log.info("serving %s on %s; models: %s", start_model, device.badge, ", ".join(models))
@@ -84,7 +93,26 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
 def launch(app: App, **kwargs) -> None:
     """Start the HTTP server; blocks unless ``prevent_thread_lock=True`` is passed."""
     app.demo.launch(server_name=app.config.host, server_port=app.config.port or None, share=app.config.share,
-                    show_error=False, **launch_kwargs(), **kwargs)
+                    show_error=False, max_file_size=MAX_UPLOAD, app_kwargs=hardening_app_kwargs(app),
+                    **launch_kwargs(), **kwargs)
+
+
+GENERATE_API = "generate"
+
+#: uploads are only PNGs dropped to restore settings
+MAX_UPLOAD = "20mb"
+
+
+def hardening_app_kwargs(app: App) -> dict:
+    """The health route and the per-client admission check, handed to Gradio's FastAPI app."""
+    limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
+                             max_per_ip=app.config.max_per_ip)
+    return {
+        "routes": [health_route(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active)],
+        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
+                                  current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
+                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API))],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -96,4 +124,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         serve_tensor_parallel(config)
         return
-    launch(build_app(config))
+    app = build_app(config)
+    with stop_on_sigterm(app.ui.supervisor, app.engine):
+        launch(app)
