@@ -18,18 +18,6 @@ import tpu_demo  # noqa: E402,F401 - applies the offline environment defaults
 torch.set_num_threads(1)  # tiny models run fastest on one thread; keeps the other core for servers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fresh_dynamo_caches():
-    """Each test module starts with empty dynamo caches, as in a fresh process.
-
-    Every engine compiles a new transformer instance through the same ``forward`` code object, so
-    within one pytest process the cache entries pile up across modules until dynamo's recompile
-    limit turns them into FailOnRecompileLimitHit (fullgraph=True) in later modules.
-    """
-    torch._dynamo.reset()
-    yield
-
-
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tpu-demo-cache")
