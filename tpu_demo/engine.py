@@ -27,6 +27,7 @@ import torch
 from . import pngmeta
 from .buckets import Bucket
 from .catalog import CATALOG, ModelSpec, Placement, get_spec
+from .compile_cache import cache_counters, compile_source
 from .compile_counter import CompileCounter
 from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
@@ -344,7 +345,7 @@ class Engine:
         status = self._bucket((loaded.spec.id, mode.value, str(bucket), cfg))
         with self._state_lock:
             status.state, status.error = BucketState.COMPILING, None
-        before, started = self.counter.count, time.perf_counter()
+        before, cache_before, started = self.counter.count, cache_counters(), time.perf_counter()
         try:
             result = call()
         except BaseException:
@@ -354,6 +355,7 @@ class Engine:
         with self._state_lock:
             status.compile_seconds = round(time.perf_counter() - started, 3)
             status.compiles = self.counter.count - before
+            status.from_cache = compile_source(cache_before, cache_counters()) if status.compiles else None
             status.state = BucketState.WARM
         return result
 

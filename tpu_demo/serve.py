@@ -10,6 +10,7 @@ import gradio as gr
 import torch
 
 from .catalog import REAL_MODEL_IDS, TINY_MODEL_IDS, CATALOG, Placement
+from .compile_cache import use_compile_cache
 from .config import AppConfig, parse_config
 from .device import detect_device
 from .engine import Engine, EngineConfig
@@ -38,6 +39,7 @@ def offered_models(config: AppConfig) -> tuple[str, ...]:
 
 def build_app(config: AppConfig) -> App:
     """Everything but the network listener; warmup of the start model starts in the background."""
+    use_compile_cache(config.resolved_cache_dir)  # before the first compile (app.py also sets it before torch)
     if config.threads:
         torch.set_num_threads(config.threads)
     device = detect_device(config.device)
