@@ -61,6 +61,9 @@ class ModelSpec:
     call_kwargs: Mapping[str, object] = field(default_factory=dict)
     #: image side lengths must be multiples of this (vae_scale_factor * patch packing)
     size_multiple: int = 16
+    #: transformer block classes compiled one by one under CPU offload; empty: the model's own
+    #: ``_repeated_blocks`` (SD3's transformer declares none)
+    repeated_blocks: tuple[str, ...] = ()
     license_note: str = ""
     example_prompts_file: str = "prompts.txt"
 
@@ -135,6 +138,7 @@ _ENTRIES = (
         source="builtin:tiny-sd3", default_steps=4, max_steps=50, default_guidance=4.5,
         guidance_range=(0.0, 20.0), uses_cfg=True, buckets=_TINY_BUCKETS,
         placements=(Placement.WHOLE, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 32},
+        repeated_blocks=("JointTransformerBlock",),
     ),
     ModelSpec(
         id="tiny-flux2", title="Tiny FLUX.2 (random weights, offline)", pipeline_class="Flux2Pipeline",
@@ -158,6 +162,7 @@ _ENTRIES = (
         placements=(Placement.WHOLE, Placement.OFFLOAD),
         component_gb={"transformer": 4.9, "text_encoder_3": 9.5, "text_encoder_2": 1.4,
                       "text_encoder": 0.25, "vae": 0.17},
+        repeated_blocks=("JointTransformerBlock",),
         license_note="gated: accept the license on the hub and set HF_TOKEN",
     ),
     ModelSpec(

@@ -39,6 +39,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or a positive integer")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -92,6 +99,7 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any] | None, Any, str], ...] = (
     ("cache-dir", Path, None, "where built tiny models and compile caches live (default ~/.cache/tpu-demo)"),
     ("threads", _positive_int, None, "torch CPU threads (default: torch's choice)"),
     ("device", _choice(["tpu", "cuda", "cpu"]), None, "restrict device detection (default: tpu, then cuda, then cpu)"),
+    ("preview-every", _non_negative_int, 1, "stream a latent preview every N denoising steps (0: off)"),
     ("max-queue", _positive_int, 32, "requests that may wait in the queue; more are told the app is busy"),
     ("max-images", _positive_int, 4, "most images one request may ask for"),
     ("max-prompt-chars", _positive_int, 1000, "longest prompt accepted"),
@@ -114,6 +122,7 @@ class AppConfig:
     cache_dir: Path | None
     threads: int | None
     device: str | None
+    preview_every: int
     max_queue: int
     max_images: int
     max_prompt_chars: int

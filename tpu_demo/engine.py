@@ -33,7 +33,9 @@ from .device import DeviceInfo, compile_backend_name, describe_mode, execution_m
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
 from .loading import ModelUnavailable, load_pipeline, parameter_bytes
 from .modes import ExecutionMode
-from .placement import apply_placement, choose_placement, compile_for_placement, describe_placement
+from .previews import LatentPreviewer
+from .placement import (PlacementError, apply_placement, choose_placement, compile_for_placement,
+                        describe_placement)
 from .request import GenerationRequest
 
 log = logging.getLogger("tpu_demo.engine")
@@ -53,6 +55,8 @@ class EngineConfig:
     #: GB of weights that may stay loaded together; None keeps one model at a time
     memory_budget_gb: float | None = None
     warmup_steps: int = 2
+    #: emit a latent preview every this many denoising steps (0: never)
+    preview_every: int = 1
 
 
 @dataclass
@@ -63,29 +67,42 @@ class _LoadedModel:
     weight_bytes: int
     compiled: bool = False
     last_used: float = 0.0
+    previewer: LatentPreviewer = field(default_factory=LatentPreviewer)
 
 
 _ShapeKey = tuple[str, str, str, bool]  # (model, mode, resolution, classifier-free guidance on)
 
 
 class _StepObserver:
-    """``callback_on_step_end``: reports each step, and on stop sets the pipeline's interrupt flag."""
+    """``callback_on_step_end``: reports steps and previews, keeps the final latents for the
+    preview fit, and on stop sets the pipeline's interrupt flag (diffusers then skips the
+    remaining steps)."""
 
-    def __init__(self, emit: Callable[[Any], None], index: int, total: int, stop: threading.Event):
+    def __init__(self, emit: Callable[[Any], None], index: int, total: int, stop: threading.Event,
+                 bucket: Bucket, previewer: LatentPreviewer, preview_every: int):
         self.emit, self.index, self.total, self.stop = emit, index, total, stop
+        self.bucket, self.previewer, self.preview_every = bucket, previewer, preview_every
         self.started = time.perf_counter()
         self.last_step_at: float | None = None
         self.steps_done = 0
         self.interrupted = False
+        self.final_latents: torch.Tensor | None = None
 
     def __call__(self, pipeline: Any, step: int, timestep: Any, callback_kwargs: dict) -> dict:
         self.steps_done = step + 1
-        self.last_step_at = time.perf_counter()
         if self.stop.is_set():
-            pipeline._interrupt = True  # diffusers skips the remaining steps
+            pipeline._interrupt = True
             self.interrupted = True
-        else:
-            self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started))
+            return {}
+        latents = callback_kwargs.get("latents")
+        last = self.steps_done >= self.total
+        if last and latents is not None and self.previewer.wants_observation():
+            self.final_latents = latents.detach().to("cpu", copy=True)
+        preview = None
+        if self.preview_every and not last and self.steps_done % self.preview_every == 0 and latents is not None:
+            preview = self.previewer.render(latents, self.bucket)
+        self.last_step_at = time.perf_counter()
+        self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started, preview))
         return {}
 
 
@@ -245,7 +262,14 @@ class Engine:
             loaded.last_used = time.monotonic()
             return loaded
         spec = self.spec(model_id)
-        placement = choose_placement(spec, self.device, self.config.placement_override)
+        try:
+            placement = choose_placement(spec, self.device, self.config.placement_override)
+        except PlacementError as error:
+            raise EngineError(str(error)) from None
+        if placement is Placement.TENSOR_PARALLEL:
+            raise EngineError(
+                f"{spec.id} needs tensor parallelism ({spec.total_gb:.0f} GB of weights, more than one "
+                f"{self.device.name} holds): start the app over several chips with scripts/serve_tp.sh N")
         self._make_room_for(spec)
         started = time.perf_counter()
         try:
@@ -305,21 +329,22 @@ class Engine:
 
     def _ensure_compiled(self, loaded: _LoadedModel) -> None:
         if not loaded.compiled:
-            compile_for_placement(loaded.pipeline, loaded.placement, self.counter)
+            compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
             loaded.compiled = True
 
     def _call_pipeline(self, loaded: _LoadedModel, mode: ExecutionMode, prompt: str, bucket: Bucket,
-                       steps: int, guidance: float, seed: int, observer: _StepObserver | None) -> Any:
+                       steps: int, guidance: float, seed: int, observer: _StepObserver) -> Any:
         if mode is ExecutionMode.COMPILED:
             self._ensure_compiled(loaded)
-        kwargs = dict(loaded.spec.call_kwargs)
-        if observer is not None:
-            kwargs.update(callback_on_step_end=observer, callback_on_step_end_tensor_inputs=["latents"])
         with execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
-                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed), **kwargs)
+                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
+                callback_on_step_end=observer, callback_on_step_end_tensor_inputs=["latents"],
+                **loaded.spec.call_kwargs)
             synchronize(self.device)
+        if observer.final_latents is not None and not observer.interrupted:
+            loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
         return output
 
     def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, cfg: bool) -> BucketStatus:
@@ -331,8 +356,9 @@ class Engine:
             guidance = spec.default_guidance if cfg == self.uses_cfg(spec, spec.default_guidance) else (
                 2.0 if cfg else 1.0)
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
-            self._compile_phase(loaded, mode, bucket, cfg,
-                                lambda: self._call_pipeline(loaded, mode, "warmup", bucket, steps, guidance, 0, None))
+            observer = _StepObserver(lambda event: None, 0, steps, threading.Event(), bucket, loaded.previewer, 0)
+            self._compile_phase(loaded, mode, bucket, cfg, lambda: self._call_pipeline(
+                loaded, mode, "a photo of a red circle on a white background", bucket, steps, guidance, 0, observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
             with self._state_lock:
                 status.state, status.error = BucketState.FAILED, _user_message(error)
@@ -372,7 +398,8 @@ class Engine:
             seed = request.seed + index
             status = self._bucket((spec.id, request.mode.value, str(bucket), cfg))
             warm = status.state is BucketState.WARM
-            observer = _StepObserver(emit, index, request.num_inference_steps, stop)
+            observer = _StepObserver(emit, index, request.num_inference_steps, stop, bucket, loaded.previewer,
+                                     self.config.preview_every if request.previews else 0)
             call = lambda: self._call_pipeline(loaded, request.mode, request.prompt, bucket,  # noqa: E731
                                                request.num_inference_steps, request.guidance_scale, seed, observer)
             started = time.perf_counter()
@@ -390,7 +417,7 @@ class Engine:
                 self._skip_decode.active = False
             finished = time.perf_counter()
             if observer.interrupted or output is None:
-                emit(Stopped(completed=index, reason="stopped"))
+                emit(Stopped(completed=index, reason=f"stopped at step {observer.steps_done} of image {index + 1}"))
                 return
             image = output.images[0]
             denoise_end = observer.last_step_at or finished

@@ -71,10 +71,16 @@ def apply_placement(pipeline: Any, placement: Placement, device: DeviceInfo) -> 
             "scripts/serve_tp.sh N (torchrun) on a host with several chips")
 
 
-def compile_for_placement(pipeline: Any, placement: Placement, backend: Any) -> None:
-    """Compile the transformer for static shapes (one graph per bucket), as the source document does."""
+def compile_for_placement(pipeline: Any, placement: Placement, backend: Any, spec: ModelSpec) -> None:
+    """Compile the transformer for static shapes (one graph per bucket), as the source document does.
+
+    Under offload the hooks cannot be traced, so only the repeated blocks compile (diffusers'
+    ``compile_repeated_blocks``; the catalog names the block classes where the model does not).
+    """
     options = dict(backend=backend, fullgraph=True, dynamic=False)
     if placement is Placement.OFFLOAD:
+        if spec.repeated_blocks:
+            pipeline.transformer._repeated_blocks = list(spec.repeated_blocks)
         pipeline.transformer.compile_repeated_blocks(**options)
     else:
         pipeline.transformer.compile(**options)

@@ -50,6 +50,8 @@ class GenerationRequest:
     guidance_scale: float
     seed: int
     num_images: int = 1
+    #: stream latent previews while denoising (never changes the final pixels)
+    previews: bool = True
 
     @property
     def bucket(self) -> Bucket:
@@ -94,6 +96,14 @@ def _number(field: str, value: Any, low: float, high: float) -> float:
     if not math.isfinite(number) or not low <= number <= high:
         raise RequestError(field, f"must be from {low} to {high}, got {str(value)[:20]}")
     return number
+
+
+def _boolean(field: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1) and not isinstance(value, float):
+        return bool(value)
+    raise RequestError(field, f"must be true or false, got {str(value)[:20]!r}")
 
 
 def _prompt(value: Any, max_chars: int) -> str:
@@ -149,4 +159,5 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
         guidance_scale=guidance,
         seed=_integer("seed", raw.get("seed", 0), 0, MAX_SEED),
         num_images=_integer("num_images", raw.get("num_images", 1), 1, limits.max_images),
+        previews=_boolean("previews", raw.get("previews", True)),
     )

@@ -54,6 +54,7 @@ def build_app(config: AppConfig) -> App:
         bucket_overrides={start_model: config.buckets} if config.buckets else {},
         placement_override=Placement(config.placement) if config.placement else None,
         memory_budget_gb=config.memory_budget,
+        preview_every=config.preview_every,
     ), device)
     settings = UiSettings(start_model=start_model, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,

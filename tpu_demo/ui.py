@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import html
 import random
+from pathlib import Path
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import gradio as gr
+from PIL import Image
 
+from . import pngmeta
 from .catalog import ASSETS_DIR, ModelSpec
 from .events import BucketState, Compiling, ImageResult, StepProgress, Stopped
 from .modes import ExecutionMode
@@ -41,6 +44,17 @@ def example_prompts(spec: ModelSpec) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:12]
 
 
+def read_png_settings(path: str | Path | None) -> dict | None:
+    """Settings from a PNG file that Gradio handed us (its own cache), or None."""
+    if not path:
+        return None
+    try:
+        with Image.open(path) as image:
+            return pngmeta.read_settings(image)
+    except (OSError, ValueError):
+        return None
+
+
 def _caption(result: ImageResult) -> str:
     t = result.timings
     warmth = "warm" if result.warm else "compiled first"
@@ -59,14 +73,14 @@ class DemoUI:
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
-                 guidance_scale: Any, seed: Any, num_images: Any, request: gr.Request = None,
-                 progress: gr.Progress = gr.Progress()) -> Iterator[list]:
-        """Stream the gallery: one update per finished image."""
+                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True,
+                 request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
+        """Stream the gallery: one update per finished image, plus live previews while denoising."""
         try:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                num_images=num_images), self.settings.limits)
+                num_images=num_images, previews=previews), self.settings.limits)
         except RequestError as error:
             raise gr.Error(str(error), title="Invalid input") from None
         stop = self._new_stop(request)
@@ -82,11 +96,15 @@ class DemoUI:
                     progress((event.index * event.total + event.step, total * event.total),
                              desc=f"image {event.index + 1}/{total} \u00b7 step {event.step}/{event.total}",
                              unit="steps")
+                    if event.preview is not None:
+                        caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
+                        yield gallery + [(event.preview, caption)]
                 elif isinstance(event, ImageResult):
                     gallery.append((event.image, _caption(event)))
                     yield list(gallery)
                 elif isinstance(event, Stopped):
-                    gr.Warning(f"Stopped: {event.completed} of {total} images finished.")
+                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {total} images finished.")
+                    yield list(gallery)
                     return
         except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
             raise gr.Error(str(error), title="Generation failed") from None
@@ -101,19 +119,53 @@ class DemoUI:
             event.set()
 
     def on_model_change(self, model_id: str, mode: str):
+        """A user picked another model: its defaults, and load + warm it in the background."""
         spec = self.engine.spec(model_id)
         self.engine.warmup_in_background(model_id, ExecutionMode(mode))
-        guidance_fixed = spec.guidance_fixed
-        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance)
+        return self._model_controls(spec, str(spec.buckets[0]), spec.default_steps, spec.default_guidance, mode)
+
+    def _model_controls(self, spec: ModelSpec, resolution: str, steps: int, guidance: float, mode: str):
+        """Updates for (resolution, steps, guidance, header, details) showing ``spec``'s limits."""
+        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
         return (
-            gr.update(choices=self._resolution_choices(spec), value=str(spec.buckets[0])),
-            gr.update(minimum=spec.min_steps, maximum=spec.max_steps, value=spec.default_steps),
-            gr.update(minimum=low, maximum=high if high > low else low + 1, value=spec.default_guidance,
-                      interactive=not guidance_fixed,
-                      info="fixed by this model" if guidance_fixed else "classifier-free guidance"),
-            self._header(model_id),
-            self._details(model_id, mode),
+            gr.update(choices=self._resolution_choices(spec), value=resolution),
+            gr.update(minimum=spec.min_steps, maximum=spec.max_steps, value=steps),
+            gr.update(minimum=low, maximum=high, value=guidance, interactive=not spec.guidance_fixed,
+                      info="fixed by this model" if spec.guidance_fixed else "classifier-free guidance"),
+            self._header(spec.id),
+            self._details(spec.id, mode),
         )
+
+    def restore_settings(self, image_path: str | None, mode: str):
+        """Fill the controls from a PNG this app made (gallery selection or a dropped file)."""
+        settings = read_png_settings(image_path)
+        if settings is None:
+            gr.Warning("This image carries no settings from this app.")
+            return (gr.skip(),) * 10
+        model_id = settings.get("model")
+        if model_id not in self.engine.specs:
+            gr.Warning(f"The image was made with {model_id!r}, which is not offered here.")
+            return (gr.skip(),) * 10
+        spec = self.engine.spec(model_id)
+        mode = settings.get("mode", mode)
+        restored = self._model_controls(spec, settings.get("resolution", str(spec.buckets[0])),
+                                        settings.get("num_inference_steps", spec.default_steps),
+                                        settings.get("guidance_scale", spec.default_guidance), mode)
+        gr.Info("Settings restored from the image.")
+        return (settings.get("prompt", ""), model_id, mode, *restored[:3], settings.get("seed", 0), False,
+                *restored[3:])
+
+    def restore_from_gallery(self, gallery: list | None, selected: int | None, mode: str):
+        if not gallery or selected is None or selected >= len(gallery):
+            gr.Warning("Select an image in the gallery first.")
+            return (gr.skip(),) * 10
+        item = gallery[selected]
+        path = item[0] if isinstance(item, (list, tuple)) else item
+        return self.restore_settings(path, mode)
+
+    @staticmethod
+    def on_select(event: gr.SelectData) -> int:
+        return event.index
 
     def on_mode_change(self, model_id: str, mode: str):
         self.engine.warmup_in_background(model_id, ExecutionMode(mode))
@@ -207,10 +259,16 @@ class DemoUI:
                             randomize = gr.Checkbox(label="Randomize seed", value=True)
                         num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
                                                step=1, value=min(2, settings.limits.max_images))
+                        previews = gr.Checkbox(label="Live previews while denoising", value=True)
                     details = gr.Markdown(self._details(spec.id, settings.start_mode.value))
                 with gr.Column(scale=3, min_width=300):
-                    gallery = gr.Gallery(label="Images", format="png", columns=2, height="auto",
+                    gallery = gr.Gallery(label="Images", format="png", type="filepath", columns=2, height="auto",
                                          object_fit="contain", show_label=False)
+                    selected = gr.State(None)
+                    with gr.Row():
+                        reuse_button = gr.Button("Reuse settings of the selected image", size="sm")
+                    dropped = gr.Image(label="Drop a PNG made here to restore its settings", type="filepath",
+                                       sources=["upload"], image_mode=None, height=140)
                     examples = example_prompts(spec)
                     if examples:
                         gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try")
@@ -218,7 +276,7 @@ class DemoUI:
                 status = gr.Markdown(self.status_table(spec.id))
             timer = gr.Timer(settings.status_refresh_seconds)
 
-            inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images]
+            inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews]
             generation = gr.on(
                 triggers=[generate_button.click, prompt.submit], fn=self.pick_seed, inputs=[seed, randomize],
                 outputs=[seed], queue=False, api_visibility="private",
@@ -227,8 +285,13 @@ class DemoUI:
                 concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
             )
             stop_button.click(self.stop, None, None, queue=False, api_name="stop", cancels=[generation])
-            model.change(self.on_model_change, [model, mode], [resolution, steps, guidance, header, details],
-                         api_visibility="private", queue=False)
+            model.input(self.on_model_change, [model, mode], [resolution, steps, guidance, header, details],
+                        api_visibility="private", queue=False)
+            restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details]
+            gallery.select(self.on_select, None, [selected], api_visibility="private", queue=False)
+            reuse_button.click(self.restore_from_gallery, [gallery, selected, mode], restored,
+                               api_visibility="private", queue=False)
+            dropped.upload(self.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
             mode.change(self.on_mode_change, [model, mode], [details], api_visibility="private", queue=False)
             timer.tick(self.status_table, [model], [status], api_visibility="private", queue=False,
                        show_progress="hidden")
