@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -161,8 +162,8 @@ def measure_other_buckets(bench: Bench) -> dict[str, Any]:
 def measure_engine_overhead(bench: Bench) -> dict[str, Any]:
     from benchmarks.measure import interleaved_pairs
 
-    seeds = iter(range(100, 100 + 4 * bench.args.pairs))
-    pairs = interleaved_pairs(lambda: bench.engine_request(seed=next(seeds)), lambda: bench.bare_call(next(seeds)),
+    a_seeds, b_seeds = itertools.count(100), itertools.count(100)  # pair i: seed 100 + i on both sides
+    pairs = interleaved_pairs(lambda: bench.engine_request(seed=next(a_seeds)), lambda: bench.bare_call(next(b_seeds)),
                               bench.args.pairs)
     return {**pairs.summary(), "a": "Engine.generate (compiled, previews off)", "b": "bare pipeline call"}
 
@@ -207,9 +208,9 @@ def measure_previews(bench: Bench) -> dict[str, Any]:
         bench.bare_call(11, callback=timestamps_only)
 
     bare = interleaved_pairs(lambda: bench.bare_call(11, callback=with_previews), plain, bench.args.pairs)
-    seeds = iter(range(300, 300 + 4 * bench.args.pairs))
-    through_engine = interleaved_pairs(lambda: bench.engine_request(seed=next(seeds), previews=True),
-                                       lambda: bench.engine_request(seed=next(seeds), previews=False), bench.args.pairs)
+    a_seeds, b_seeds = itertools.count(300), itertools.count(300)
+    through_engine = interleaved_pairs(lambda: bench.engine_request(seed=next(a_seeds), previews=True),
+                                       lambda: bench.engine_request(seed=next(b_seeds), previews=False), bench.args.pairs)
     fraction = median(render_ms) / median(step_ms)
     return {"fraction_of_step": round(fraction, 4), "render_ms_median": round(median(render_ms), 3),
             "step_ms_median": round(median(step_ms), 3), "renders": len(render_ms),
@@ -249,15 +250,15 @@ def measure_app_overhead(bench: Bench) -> dict[str, Any]:
     from benchmarks.measure import interleaved_pairs
 
     client = Client(bench.url, verbose=False)
-    seeds = iter(range(500, 500 + 4 * bench.args.pairs))
+    a_seeds, b_seeds = itertools.count(500), itertools.count(500)  # pair i: seed 500 + i on both sides
 
     def through_app() -> None:
-        job = client.submit(**bench.fields(seed=next(seeds)), api_name="/generate")
+        job = client.submit(**bench.fields(seed=next(a_seeds)), api_name="/generate")
         updates = list(job)
         if not updates or not updates[-1]:
             raise RuntimeError("the app returned no image")
 
-    pairs = interleaved_pairs(through_app, lambda: bench.bare_call(next(seeds)), bench.args.pairs)
+    pairs = interleaved_pairs(through_app, lambda: bench.bare_call(next(b_seeds)), bench.args.pairs)
     return {**pairs.summary(), "a": "gradio_client /generate on loopback (previews off)", "b": "bare pipeline call"}
 
 
