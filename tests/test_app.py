@@ -32,3 +32,20 @@ def test_api_lists_the_documented_parameters(launch_app):
     parameters = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert parameters == ["prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale",
                           "seed", "num_images", "previews"]
+
+
+def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
+    import time
+
+    app, url = launch_app("--mode", "compiled", "--buckets", "64x64,128x128")
+    deadline = time.monotonic() + 180
+    table = app.ui.status_table("tiny-flux", "compiled")
+    while table.count("warm") < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        table = app.ui.status_table("tiny-flux", "compiled")
+    rows = [line for line in table.splitlines() if line.startswith("| 64x64") or line.startswith("| 128x128")]
+    assert len(rows) == 2 and all("warm" in row for row in rows), table
+    compiled = app.engine.counter.count
+    result = Client(url, verbose=False).predict(**request_fields(mode="compiled", resolution="128x128", previews=False),
+                                                api_name="/generate")
+    assert "warm" in result[0]["caption"] and app.engine.counter.count == compiled

@@ -71,3 +71,13 @@ def test_recompile_limit_covers_the_buckets(make_engine):
     engine = make_engine()
     buckets = sum(len(spec.buckets) for spec in engine.specs.values())
     assert torch._dynamo.config.recompile_limit >= 2 * buckets
+
+
+def test_buckets_start_cold_and_show_compile_results(make_engine):
+    engine = make_engine(bucket_overrides={"tiny-flux": (Bucket(64, 64), Bucket(128, 128))})
+    assert [s.state for s in engine.buckets_for("tiny-flux", ExecutionMode.COMPILED)] == [BucketState.COLD] * 2
+    engine.warmup("tiny-flux", ExecutionMode.COMPILED, (Bucket(64, 64),))
+    first, second = engine.buckets_for("tiny-flux", ExecutionMode.COMPILED)
+    assert (first.resolution, first.state, first.compiles) == ("64x64", BucketState.WARM, 1)
+    assert first.compile_seconds > 0
+    assert (second.resolution, second.state) == ("128x128", BucketState.COLD)

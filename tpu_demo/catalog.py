@@ -131,13 +131,13 @@ _ENTRIES = (
         source="builtin:tiny-flux", default_steps=4, max_steps=50, default_guidance=0.0,
         guidance_range=None, buckets=_TINY_BUCKETS,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
-        call_kwargs={"max_sequence_length": 32},
+        call_kwargs={"max_sequence_length": 77},
     ),
     ModelSpec(
         id="tiny-sd3", title="Tiny SD3 (random weights, offline)", pipeline_class="StableDiffusion3Pipeline",
         source="builtin:tiny-sd3", default_steps=4, max_steps=50, default_guidance=4.5,
         guidance_range=(0.0, 20.0), uses_cfg=True, buckets=_TINY_BUCKETS,
-        placements=(Placement.WHOLE, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 32},
+        placements=(Placement.WHOLE, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 77},
         repeated_blocks=("JointTransformerBlock",),
     ),
     ModelSpec(
@@ -145,7 +145,7 @@ _ENTRIES = (
         source="builtin:tiny-flux2", default_steps=4, max_steps=50, default_guidance=4.0,
         guidance_range=(0.0, 20.0), buckets=_TINY_BUCKETS,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
-        call_kwargs={"max_sequence_length": 32},
+        call_kwargs={"max_sequence_length": 77},
     ),
     ModelSpec(
         id="flux.1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",

@@ -31,7 +31,7 @@ from .compile_cache import cache_counters, compile_source
 from .compile_counter import CompileCounter
 from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
-from .loading import ModelUnavailable, load_pipeline, parameter_bytes
+from .loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
 from .modes import ExecutionMode
 from .previews import LatentPreviewer
 from .placement import (PlacementError, apply_placement, choose_placement, compile_for_placement,
@@ -172,6 +172,16 @@ class Engine:
     def bucket_status(self, model_id: str, mode: ExecutionMode, resolution: str, cfg: bool) -> BucketStatus:
         return replace(self._bucket((model_id, mode.value, resolution, cfg)))
 
+    def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
+        """Every configured bucket of ``model_id`` in ``mode`` (cold ones too), plus any other shape used."""
+        spec = self.spec(model_id)
+        cfg = self.uses_cfg(spec, spec.default_guidance)
+        configured = [self.bucket_status(model_id, mode, str(bucket), cfg) for bucket in spec.buckets]
+        with self._state_lock:
+            others = [replace(status) for key, status in self._buckets.items()
+                      if key[0] == model_id and key[1] == mode.value and key[3] != cfg]
+        return configured + others
+
     def uses_cfg(self, spec: ModelSpec, guidance_scale: float) -> bool:
         """Classifier-free guidance doubles the batch: another static shape."""
         return spec.uses_cfg and guidance_scale > 1.0
@@ -189,9 +199,9 @@ class Engine:
 
         return self._worker.submit(run)
 
-    def load(self, model_id: str) -> None:
-        """Load ``model_id`` now (blocking); raises EngineError if it cannot be loaded."""
-        self.submit(lambda: self._load(model_id)).result()
+    def load(self, model_id: str) -> Any:
+        """Load ``model_id`` now (blocking) and return its diffusers pipeline; EngineError if it cannot."""
+        return self.submit(lambda: self._load(model_id).pipeline).result()
 
     def warmup(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                stop: threading.Event | None = None) -> list[BucketStatus]:
@@ -274,9 +284,10 @@ class Engine:
             raise EngineError(
                 f"{spec.id} needs tensor parallelism ({spec.total_gb:.0f} GB of weights, more than one "
                 f"{self.device.name} holds): start the app over several chips with scripts/serve_tp.sh N")
-        self._make_room_for(spec)
-        started = time.perf_counter()
         try:
+            ensure_available(spec)  # before freeing anything: a missing model must not evict the others
+            self._make_room_for(spec)
+            started = time.perf_counter()
             pipeline = load_pipeline(spec, self.device, self.config.models_dir)
         except ModelUnavailable as error:
             raise EngineError(str(error)) from None
@@ -362,7 +373,7 @@ class Engine:
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
             observer = _StepObserver(lambda event: None, 0, steps, threading.Event(), bucket, loaded.previewer, 0)
             self._compile_phase(loaded, mode, bucket, cfg, lambda: self._call_pipeline(
-                loaded, mode, "a photo of a red circle on a white background", bucket, steps, guidance, 0, observer))
+                loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
             with self._state_lock:
                 status.state, status.error = BucketState.FAILED, _user_message(error)

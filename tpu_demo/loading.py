@@ -54,6 +54,12 @@ def unavailable_message(spec: ModelSpec) -> str:
             f"Hugging Face cache; run `huggingface-cli download {spec.hub_repo}` on the host and restart.{token}")
 
 
+def ensure_available(spec: ModelSpec) -> None:
+    """Raise ModelUnavailable (one clear sentence) when a hub model's weights are not local."""
+    if spec.hub_repo is not None and not hub_weights_present(spec):
+        raise ModelUnavailable(unavailable_message(spec))
+
+
 def load_pipeline(spec: ModelSpec, device: DeviceInfo, models_dir: Path, **components: Any) -> Any:
     """``<PipelineClass>.from_pretrained(source, dtype=...)`` with safe options; CPU-resident."""
     import diffusers
@@ -61,8 +67,7 @@ def load_pipeline(spec: ModelSpec, device: DeviceInfo, models_dir: Path, **compo
     pipeline_class = getattr(diffusers, spec.pipeline_class)
     source = resolve_source(spec, models_dir)
     local = os.path.isdir(source)
-    if not local and not hub_weights_present(spec):
-        raise ModelUnavailable(unavailable_message(spec))
+    ensure_available(spec)
     try:
         pipeline = pipeline_class.from_pretrained(
             source, dtype=model_dtype(spec, device), use_safetensors=True,

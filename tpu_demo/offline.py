@@ -7,6 +7,7 @@ override any of these in the environment.
 """
 
 import os
+import warnings
 
 OFFLINE_DEFAULTS = {
     "GRADIO_ANALYTICS_ENABLED": "False",
@@ -22,3 +23,5 @@ OFFLINE_DEFAULTS = {
 def apply_offline_defaults() -> None:
     for name, value in OFFLINE_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    # torch-tpu warns at import when tcmalloc is not preloaded; on hosts without chips it is noise
+    warnings.filterwarnings("ignore", message=".*TorchTpu/Performance/TcMalloc.*")

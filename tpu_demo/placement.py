@@ -35,6 +35,8 @@ def choose_placement(spec: ModelSpec, device: DeviceInfo, override: Placement | 
         return override
     if world_size > 1 and Placement.TENSOR_PARALLEL in spec.placements:
         return Placement.TENSOR_PARALLEL
+    if device.kind == "cpu":  # host memory is the only memory: offloading to it changes nothing
+        return Placement.WHOLE if Placement.WHOLE in spec.placements else spec.placements[0]
     usable_gb = (device.memory_bytes_per_device or 0) / 1e9 * _MEMORY_HEADROOM
     if not spec.component_gb or usable_gb <= 0:
         return spec.placements[0]

@@ -76,5 +76,6 @@ def launch(app: App, **kwargs) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes
     config = parse_config(argv)
     launch(build_app(config))

@@ -1,0 +1,125 @@
+"""Live previews, Stop (mid-denoise, through the UI's Stop and the API's cancel), settings in PNGs."""
+
+import json
+import threading
+import time
+
+import numpy as np
+from gradio_client import Client
+from PIL import Image
+
+from tpu_demo import pngmeta
+
+from conftest import request_fields
+
+
+def is_preview(item):
+    return (item.get("caption") or "").startswith("preview")
+
+
+def test_previews_arrive_before_each_image_at_the_configured_interval(launch_app):
+    app, url = launch_app("--no-warmup", "--preview-every", "3")
+    client = Client(url, verbose=False)
+    job = client.submit(**request_fields(num_inference_steps=10, num_images=2, seed=5), api_name="/generate")
+    timeline = []  # ("preview", step) or ("image", count)
+    for update in job:
+        finished = [item for item in update if not is_preview(item)]
+        if update and is_preview(update[-1]):
+            timeline.append(("preview", update[-1]["caption"]))
+        else:
+            timeline.append(("image", len(finished)))
+    first_image = timeline.index(("image", 1))
+    assert [kind for kind, _ in timeline[:first_image]] == ["preview"] * 3  # steps 3, 6, 9 of 10
+    assert [caption.split("step ")[1] for _, caption in timeline[:first_image]] == ["3/10", "6/10", "9/10"]
+    assert [kind for kind, _ in timeline[first_image + 1:]] == ["preview"] * 3 + ["image"]
+    previews = [Image.open(update[-1]["image"]) for update in job.outputs() if update and is_preview(update[-1])]
+    assert len(previews) == 6 and all(p.size == (64, 64) for p in previews)
+
+
+def test_previews_never_change_the_final_pixels(launch_app):
+    app, url = launch_app("--no-warmup", "--preview-every", "1")
+    client = Client(url, verbose=False)
+    with_previews = client.predict(**request_fields(num_inference_steps=6, seed=11, previews=True), api_name="/generate")
+    without = client.predict(**request_fields(num_inference_steps=6, seed=11, previews=False), api_name="/generate")
+    (final_with,) = [item for item in with_previews if not is_preview(item)]
+    (final_without,) = without
+    assert np.array_equal(np.asarray(Image.open(final_with["image"])), np.asarray(Image.open(final_without["image"])))
+
+
+def _slow_steps(app, model_id="tiny-flux", seconds=0.05):
+    """Make each denoising step take ``seconds`` so a 50-step run can be stopped mid-way; records step times."""
+    steps: list[float] = []
+
+    def slow(module, args):
+        time.sleep(seconds)
+        steps.append(time.monotonic())
+
+    app.engine.load(model_id).transformer.register_forward_pre_hook(slow)
+    return steps
+
+
+def test_stop_ends_the_run_within_two_steps_and_keeps_finished_images(launch_app):
+    app, url = launch_app("--no-warmup", "--preview-every", "1")
+    steps = _slow_steps(app)
+    client = Client(url, verbose=False)
+    job = client.submit(**request_fields(num_inference_steps=50, num_images=3, seed=1, previews=True),
+                        api_name="/generate")
+    stopped_at = None
+    for update in job:
+        finished = [item for item in update if not is_preview(item)]
+        if len(finished) == 1 and update and is_preview(update[-1]) and "step 5/50" in update[-1]["caption"]:
+            client.predict(api_name="/stop")  # same session as the job
+            stopped_at = time.monotonic()
+    assert stopped_at is not None
+    deadline = time.monotonic() + 10
+    while app.engine.status().busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    steps_after_stop = sum(1 for t in steps if t > stopped_at)
+    assert steps_after_stop <= 2, f"{steps_after_stop} denoising steps ran after Stop"
+    final = [item for item in job.outputs()[-1] if not is_preview(item)]
+    assert len(final) == 1  # the finished image survives; the aborted one is not decoded
+    assert len(steps) < 100  # images 2 and 3 never ran to the end
+    # the device is free for the next request right away
+    started = time.monotonic()
+    result = client.predict(**request_fields(num_inference_steps=2, previews=False), api_name="/generate")
+    assert len(result) == 1 and time.monotonic() - started < 30
+
+
+def test_api_cancel_stops_the_running_generation(launch_app):
+    app, url = launch_app("--no-warmup", "--preview-every", "1")
+    steps = _slow_steps(app)
+    client = Client(url, verbose=False)
+    job = client.submit(**request_fields(num_inference_steps=50, num_images=2, previews=True), api_name="/generate")
+    deadline = time.monotonic() + 30
+    while len(steps) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job.cancel()
+    cancelled_at = time.monotonic()
+    while app.engine.status().busy and time.monotonic() < cancelled_at + 10:
+        time.sleep(0.02)
+    assert not app.engine.status().busy
+    assert sum(1 for t in steps if t > cancelled_at) <= 2
+    assert len(steps) < 50
+
+
+def test_png_settings_round_trip_and_restore(launch_app):
+    app, url = launch_app("--no-warmup")
+    client = Client(url, verbose=False)
+    fields = request_fields(prompt="a small blue square at the top left", num_inference_steps=3, seed=1234,
+                            resolution="96x64", previews=False)
+    (item,) = client.predict(**fields, api_name="/generate")
+    with Image.open(item["image"]) as image:
+        assert image.format == "PNG"
+        stored = json.loads(image.text[pngmeta.JSON_KEY])
+        parameters = image.text[pngmeta.PARAMETERS_KEY]
+        settings = pngmeta.read_settings(image)
+    for key in pngmeta.SETTINGS_FIELDS:
+        assert stored[key] == fields[key], key
+    assert settings == {key: fields[key] for key in pngmeta.SETTINGS_FIELDS}
+    assert parameters.startswith(fields["prompt"] + "\nSteps: 3, ")
+    assert "Seed: 1234" in parameters and "Size: 96x64" in parameters and "Model: tiny-flux" in parameters
+    # dropping the PNG on the page fills every control from it
+    restored = app.ui.restore_settings(item["image"], "compiled")
+    prompt, model, mode, resolution, steps, guidance, seed, randomize = restored[:8]
+    assert (prompt, model, mode, seed, randomize) == (fields["prompt"], "tiny-flux", "eager", 1234, False)
+    assert resolution["value"] == "96x64" and steps["value"] == 3 and guidance["value"] == 0.0
