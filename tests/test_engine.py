@@ -71,6 +71,8 @@ def test_recompile_limit_covers_the_buckets(make_engine):
     engine = make_engine()
     buckets = sum(len(spec.buckets) for spec in engine.specs.values())
     assert torch._dynamo.config.recompile_limit >= 2 * buckets
+    # dynamo's config is per thread: the device thread, which compiles, must see it too
+    assert engine.submit(lambda: torch._dynamo.config.recompile_limit).result() >= 2 * buckets
 
 
 def test_buckets_start_cold_and_show_compile_results(make_engine):

@@ -46,6 +46,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be 0 or a positive number")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -103,8 +110,18 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any] | None, Any, str], ...] = (
     ("max-queue", _positive_int, 32, "requests that may wait in the queue; more are told the app is busy"),
     ("max-images", _positive_int, 4, "most images one request may ask for"),
     ("max-prompt-chars", _positive_int, 1000, "longest prompt accepted"),
+    ("max-per-session", _non_negative_int, 1, "requests one browser session / API client may have waiting "
+                                               "or running (0: no limit)"),
+    ("max-per-ip", _non_negative_int, 4, "requests one client address may have waiting or running (0: no limit)"),
+    ("request-timeout", _non_negative_float, 300.0, "seconds a request may run from its first denoising step "
+                                                    "before it is stopped (0: no limit)"),
+    ("log-prompts", None, False, "include prompts in the per-request log lines"),
     ("no-warmup", None, False, "do not warm the buckets at start-up"),
     ("share", None, False, "create a public gradio.live link (contacts Gradio's share servers)"),
+    ("tensor-parallel", None, False, "one rank of a tensor-parallel group started by torchrun "
+                                     "(use scripts/serve_tp.sh N); rank 0 serves the UI"),
+    ("tp-timeout", _positive_float, 60.0, "seconds a tensor-parallel rank may lag beyond the expected step "
+                                          "time before rank 0 reports the group failed"),
 )
 
 
@@ -126,8 +143,14 @@ class AppConfig:
     max_queue: int
     max_images: int
     max_prompt_chars: int
+    max_per_session: int
+    max_per_ip: int
+    request_timeout: float
+    log_prompts: bool
     no_warmup: bool
     share: bool
+    tensor_parallel: bool = False
+    tp_timeout: float = 60.0
 
     @property
     def resolved_cache_dir(self) -> Path:

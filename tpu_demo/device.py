@@ -10,6 +10,7 @@ compiled mode, gloo/nccl for collectives. Nothing here pretends to be a TPU.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -148,3 +149,12 @@ def synchronize(device: DeviceInfo) -> None:
 def offload_device(device: DeviceInfo) -> str | None:
     """The ``device=`` to pass to ``enable_model_cpu_offload``: diffusers needs it when there is no accelerator."""
     return device.kind if device.kind == "cpu" else None
+
+
+def release_cached_memory(device: DeviceInfo) -> None:
+    """After a failed call (out of memory above all): free the allocator's cached blocks, so the
+    next request starts from the memory the loaded weights need and not from the failed peak."""
+    gc.collect()
+    if device.kind != "cpu":
+        with contextlib.suppress(Exception):
+            torch.accelerator.empty_cache()

@@ -11,6 +11,7 @@ from catalog.py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -29,9 +30,11 @@ from .buckets import Bucket
 from .catalog import CATALOG, ModelSpec, Placement, get_spec
 from .compile_cache import cache_counters, compile_source
 from .compile_counter import CompileCounter
-from .device import DeviceInfo, compile_backend_name, describe_mode, execution_mode, synchronize
+from .device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
+                     synchronize)
 from .events import BucketState, BucketStatus, Compiling, EngineStatus, ImageResult, StepProgress, Stopped
 from .loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
+from .lockstep import LoadModel, Lockstep, PipelineCall, TensorParallelFailure
 from .modes import ExecutionMode
 from .previews import LatentPreviewer
 from .placement import (PlacementError, apply_placement, choose_placement, compile_for_placement,
@@ -43,6 +46,10 @@ log = logging.getLogger("tpu_demo.engine")
 
 class EngineError(RuntimeError):
     """A request failed; the message is safe to show to users."""
+
+
+#: How often a waiting request checks whether the tensor-parallel group has failed.
+_FAILURE_POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -113,15 +120,19 @@ class _DecodeSkipped(Exception):
 class Engine:
     """Holds loaded pipelines and bucket states; runs every device job on one worker thread."""
 
-    def __init__(self, config: EngineConfig, device: DeviceInfo):
+    def __init__(self, config: EngineConfig, device: DeviceInfo, lockstep: Lockstep | None = None):
         self.config = config
         self.device = device
+        #: tensor-parallel runs (torchrun): keeps every rank on the same loads and pipeline calls
+        self.lockstep = lockstep
+        self.world_size = lockstep.world.world_size if lockstep is not None else 1
         self.counter = CompileCounter(compile_backend_name(device, config.cpu_compile_backend))
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._models: dict[str, _LoadedModel] = {}
         self._buckets: dict[_ShapeKey, BucketStatus] = {}
         self._state_lock = threading.Lock()
         self._busy = threading.Event()
+        self._closing = threading.Event()
         self._skip_decode = threading.local()
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {
@@ -133,8 +144,14 @@ class Engine:
         # fullgraph=True turns dynamo's recompile limit into a hard failure: cover every shape
         # (each bucket, with and without classifier-free guidance) with room to spare.
         limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count + 8)
-        torch._dynamo.config.recompile_limit = limit
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
+        self._recompile_limits = {"recompile_limit": limit, "accumulated_recompile_limit": max(
+            torch._dynamo.config.accumulated_recompile_limit, 4 * limit)}
+        self._apply_recompile_limits()
+
+    def _apply_recompile_limits(self) -> None:
+        """Dynamo's config is per thread (ContextVars): set here and on the device thread, which compiles."""
+        for name, value in self._recompile_limits.items():
+            setattr(torch._dynamo.config, name, value)
 
     # ---- read-only views -------------------------------------------------------------------
     def spec(self, model_id: str) -> ModelSpec:
@@ -153,11 +170,11 @@ class Engine:
         loaded = self._models.get(model_id)
         if loaded is not None:
             return loaded.placement
-        return choose_placement(self.spec(model_id), self.device, self.config.placement_override)
+        return choose_placement(self.spec(model_id), self.device, self.config.placement_override, self.world_size)
 
     def placement_description(self, model_id: str) -> str:
         try:
-            return describe_placement(self.placement_for(model_id), self.device)
+            return describe_placement(self.placement_for(model_id), self.device, self.world_size)
         except Exception as error:  # noqa: BLE001 - shown in the UI instead
             return str(error)
 
@@ -193,6 +210,7 @@ class Engine:
         def run() -> Any:
             self._busy.set()
             try:
+                self._apply_recompile_limits()
                 return job()
             finally:
                 self._busy.clear()
@@ -213,7 +231,7 @@ class Engine:
         cfg = self.uses_cfg(spec, spec.default_guidance)
         results = []
         for bucket in buckets or spec.buckets:
-            if stop is not None and stop.is_set():
+            if (stop is not None and stop.is_set()) or self._closing.is_set():
                 break
             results.append(self.submit(lambda b=bucket: self._warm_bucket(spec, mode, b, cfg)).result())
         return results
@@ -237,6 +255,8 @@ class Engine:
         away) stops the job at its next denoising step.
         """
         stop = stop or threading.Event()
+        if self.lockstep is not None and self.lockstep.failure:
+            raise EngineError(self.lockstep.failure)
         events: queue.Queue = queue.Queue()
         done = object()
 
@@ -244,6 +264,8 @@ class Engine:
             try:
                 self._run_request(request, events.put, stop)
             except Exception as error:  # noqa: BLE001 - reported to the caller below
+                log.warning("request failed: %s", _user_message(error))
+                release_cached_memory(self.device)  # the next request starts clean
                 events.put(error)
             finally:
                 events.put(done)
@@ -251,7 +273,12 @@ class Engine:
         self.submit(job)
         try:
             while True:
-                event = events.get()
+                try:
+                    event = events.get(timeout=_FAILURE_POLL_SECONDS)
+                except queue.Empty:
+                    if self.lockstep is not None and self.lockstep.failure:
+                        raise EngineError(self.lockstep.failure) from None  # the device thread may be stuck
+                    continue
                 if event is done:
                     return
                 if isinstance(event, Exception):
@@ -261,7 +288,11 @@ class Engine:
             stop.set()  # a consumer that stops listening stops the job
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        """Drop queued jobs, wait for the running one, and free every loaded model."""
+        self._closing.set()
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        for model_id in list(self._models):  # the device thread has finished: safe from here
+            self._unload(model_id)
 
     # ---- on the device thread -------------------------------------------------------------
     def _bucket(self, key: _ShapeKey) -> BucketStatus:
@@ -277,21 +308,26 @@ class Engine:
             return loaded
         spec = self.spec(model_id)
         try:
-            placement = choose_placement(spec, self.device, self.config.placement_override)
+            placement = choose_placement(spec, self.device, self.config.placement_override, self.world_size)
         except PlacementError as error:
             raise EngineError(str(error)) from None
-        if placement is Placement.TENSOR_PARALLEL:
+        if placement is Placement.TENSOR_PARALLEL and self.lockstep is None:
             raise EngineError(
                 f"{spec.id} needs tensor parallelism ({spec.total_gb:.0f} GB of weights, more than one "
                 f"{self.device.name} holds): start the app over several chips with scripts/serve_tp.sh N")
-        try:
-            ensure_available(spec)  # before freeing anything: a missing model must not evict the others
-            self._make_room_for(spec)
-            started = time.perf_counter()
-            pipeline = load_pipeline(spec, self.device, self.config.models_dir)
-        except ModelUnavailable as error:
-            raise EngineError(str(error)) from None
-        apply_placement(pipeline, placement, self.device)
+        with self._in_lockstep(LoadModel(model_id)):
+            try:
+                ensure_available(spec)  # before freeing anything: a missing model must not evict the others
+                self._make_room_for(spec)
+                started = time.perf_counter()
+                if placement is Placement.TENSOR_PARALLEL:
+                    pipeline = self.lockstep.load_pipeline(spec, self.config.models_dir)
+                else:
+                    pipeline = load_pipeline(spec, self.device, self.config.models_dir)
+            except ModelUnavailable as error:
+                raise EngineError(str(error)) from None
+            if placement is not Placement.TENSOR_PARALLEL:
+                apply_placement(pipeline, placement, self.device)
         self._install_decode_guard(pipeline)
         loaded = _LoadedModel(spec, pipeline, placement, parameter_bytes(pipeline), last_used=time.monotonic())
         with self._state_lock:
@@ -351,16 +387,33 @@ class Engine:
                        steps: int, guidance: float, seed: int, observer: _StepObserver) -> Any:
         if mode is ExecutionMode.COMPILED:
             self._ensure_compiled(loaded)
-        with execution_mode(mode, self.device), torch.inference_mode():
+        callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
+        call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed)
+        with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
                 guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
-                callback_on_step_end=observer, callback_on_step_end_tensor_inputs=["latents"],
+                callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
                 **loaded.spec.call_kwargs)
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
         return output
+
+    def run_followed_call(self, call: PipelineCall) -> None:
+        """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
+        loaded = self._load(call.model_id)
+        bucket = Bucket(call.width, call.height)
+        observer = _StepObserver(lambda event: None, 0, call.num_inference_steps, threading.Event(), bucket,
+                                 loaded.previewer, 0)
+        self._call_pipeline(loaded, ExecutionMode(call.mode), call.prompt, bucket, call.num_inference_steps,
+                            call.guidance_scale, call.seed, observer)
+
+    def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
+        """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
+        if self.lockstep is None:
+            return contextlib.nullcontext()
+        return self.lockstep.leading(message, passthrough=(_DecodeSkipped, EngineError))
 
     def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, cfg: bool) -> BucketStatus:
         status = self._bucket((spec.id, mode.value, str(bucket), cfg))
@@ -453,7 +506,7 @@ class Engine:
 
 def _user_message(error: BaseException) -> str:
     """One line for users: the error's own message, never a stack trace."""
-    if isinstance(error, (EngineError, ModelUnavailable)):
+    if isinstance(error, (EngineError, ModelUnavailable, TensorParallelFailure)):
         return str(error)
     if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
         return "The device ran out of memory for this request; try a smaller resolution or fewer images."

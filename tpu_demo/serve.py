@@ -8,15 +8,22 @@ from typing import Sequence
 
 import gradio as gr
 import torch
+from starlette.middleware import Middleware
 
+from . import gradio_queue
+from .admission import AdmissionLimits, AdmissionMiddleware
 from .catalog import REAL_MODEL_IDS, TINY_MODEL_IDS, CATALOG, Placement
 from .compile_cache import use_compile_cache
 from .config import AppConfig, parse_config
-from .device import detect_device
+from .device import DeviceInfo, detect_device
 from .engine import Engine, EngineConfig
+from .health import health_route
 from .loading import hub_weights_present
+from .lockstep import Lockstep
 from .modes import ExecutionMode
 from .request import RequestLimits
+from .shutdown import stop_on_sigterm
+from .supervision import RequestSupervisor, SupervisionSettings
 from .ui import DemoUI, UiSettings, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
@@ -31,23 +38,27 @@ class App:
 
 
 def offered_models(config: AppConfig) -> tuple[str, ...]:
-    """The operator's list, else the tiny models plus the real ones whose weights are present."""
-    if config.models:
-        return config.models
-    return TINY_MODEL_IDS + tuple(m for m in REAL_MODEL_IDS if hub_weights_present(CATALOG[m]))
+    """The operator's list, else the tiny models plus the real ones whose weights are present.
+
+    A tensor-parallel run offers only models that can be sharded.
+    """
+    models = config.models or TINY_MODEL_IDS + tuple(m for m in REAL_MODEL_IDS if hub_weights_present(CATALOG[m]))
+    if config.model and config.model not in models:
+        models = (config.model,) + models
+    if config.tensor_parallel:
+        models = tuple(m for m in models if Placement.TENSOR_PARALLEL in CATALOG[m].placements)
+    return models
 
 
-def build_app(config: AppConfig) -> App:
-    """Everything but the network listener; warmup of the start model starts in the background."""
+def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | None = None) -> Engine:
+    """The engine for ``config``; in a tensor-parallel run every rank builds the same one."""
     use_compile_cache(config.resolved_cache_dir)  # before the first compile (app.py also sets it before torch)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = detect_device(config.device)
     models = offered_models(config)
+    if not models or (config.model and config.model not in models):
+        raise SystemExit(f"app.py: error: --model/--models: {config.model or 'none of the offered models'} "
+                         "cannot be served tensor-parallel")
     start_model = config.model or models[0]
-    if start_model not in models:
-        models = (start_model,) + models
-    engine = Engine(EngineConfig(
+    return Engine(EngineConfig(
         models_dir=config.resolved_cache_dir / "models",
         cpu_compile_backend=config.compile_backend,
         offered_models=models,
@@ -55,13 +66,26 @@ def build_app(config: AppConfig) -> App:
         placement_override=Placement(config.placement) if config.placement else None,
         memory_budget_gb=config.memory_budget,
         preview_every=config.preview_every,
-    ), device)
+    ), device, lockstep)
+
+
+def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
+    """Everything but the network listener; warmup of the start model starts in the background."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = lockstep.world.device if lockstep is not None else detect_device(config.device)
+    engine = build_engine(config, device, lockstep)
+    models = tuple(engine.specs)
+    start_model = config.model or models[0]
     settings = UiSettings(start_model=start_model, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
         offered_modes=tuple(ExecutionMode)))
-    ui = DemoUI(engine, settings)
+    supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
+                                                       log_prompts=config.log_prompts))
+    ui = DemoUI(engine, settings, supervisor)
     demo = ui.build()
-    demo.queue(max_size=config.max_queue, default_concurrency_limit=1)
+    # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too
+    demo.queue(max_size=None, default_concurrency_limit=1)
     if not config.no_warmup:
         engine.warmup_in_background(start_model, config.start_mode)
     log.info("serving %s on %s; models: %s", start_model, device.badge, ", ".join(models))
@@ -71,11 +95,37 @@ def build_app(config: AppConfig) -> App:
 def launch(app: App, **kwargs) -> None:
     """Start the HTTP server; blocks unless ``prevent_thread_lock=True`` is passed."""
     app.demo.launch(server_name=app.config.host, server_port=app.config.port or None, share=app.config.share,
-                    show_error=False, **launch_kwargs(), **kwargs)
+                    show_error=False, max_file_size=MAX_UPLOAD, app_kwargs=hardening_app_kwargs(app),
+                    **launch_kwargs(), **kwargs)
+
+
+GENERATE_API = "generate"
+
+#: uploads are only PNGs dropped to restore settings
+MAX_UPLOAD = "20mb"
+
+
+def hardening_app_kwargs(app: App) -> dict:
+    """The health route and the per-client admission check, handed to Gradio's FastAPI app."""
+    limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
+                             max_per_ip=app.config.max_per_ip)
+    return {
+        "routes": [health_route(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active)],
+        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
+                                  current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
+                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API))],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up probes
     config = parse_config(argv)
-    launch(build_app(config))
+    if config.tensor_parallel:
+        from .tp_serve import serve_tensor_parallel
+
+        serve_tensor_parallel(config)
+        return
+    app = build_app(config)
+    with stop_on_sigterm(app.ui.supervisor, app.engine):
+        launch(app)

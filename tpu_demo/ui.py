@@ -22,8 +22,10 @@ from PIL import Image
 from . import pngmeta
 from .catalog import ASSETS_DIR, ModelSpec
 from .events import BucketState, Compiling, ImageResult, StepProgress, Stopped
+from .gradio_queue import CurrentEvent
 from .modes import ExecutionMode
 from .request import MAX_SEED, RequestError, RequestLimits, validate_request
+from .supervision import RequestSupervisor, StopReason
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -95,12 +97,19 @@ def _caption(result: ImageResult) -> str:
             f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}")
 
 
+def _user_error(message: str, title: str) -> gr.Error:
+    """An error for the user's modal and API callers: Gradio renders its text as HTML, and it can quote
+    what the caller sent, so markup is escaped; the operator log has its own line (no stack trace)."""
+    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
+
+
 class DemoUI:
     """Builds the Blocks page around one engine and holds per-session stop flags."""
 
-    def __init__(self, engine: "Engine", settings: UiSettings):
+    def __init__(self, engine: "Engine", settings: UiSettings, supervisor: RequestSupervisor | None = None):
         self.engine = engine
         self.settings = settings
+        self.supervisor = supervisor or RequestSupervisor()
         self._stops: dict[str, threading.Event] = {}
         self._stops_lock = threading.Lock()
 
@@ -109,20 +118,24 @@ class DemoUI:
                  guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True,
                  request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
         """Stream the gallery: one update per finished image, plus live previews while denoising."""
+        queued = CurrentEvent.capture()
         try:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
                 num_images=num_images, previews=previews), self.settings.limits)
         except RequestError as error:
-            raise gr.Error(str(error), title="Invalid input") from None
+            self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
+            raise _user_error(str(error), "Invalid input") from None
         stop = self._new_stop(request)
+        run = self.supervisor.begin(generation, stop, queued.event_id, queued.queue_wait_seconds, queued.connected)
         files = _RequestFiles()
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
         try:
             for event in self.engine.generate(generation, stop):
+                run.observe(event)
                 if isinstance(event, Compiling):
                     progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
                                      "(first time, may take minutes on TPU)")
@@ -136,12 +149,19 @@ class DemoUI:
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield list(gallery)
                 elif isinstance(event, Stopped):
+                    run.stopped(event)
+                    if run.stop_reason in (StopReason.TIMEOUT, StopReason.SHUTDOWN):
+                        raise _user_error(run.stop_message(event, total), "Stopped")
                     gr.Warning(f"Stopped ({event.reason}): {event.completed} of {total} images finished.")
                     yield list(gallery)
                     return
+        except gr.Error:
+            raise
         except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
-            raise gr.Error(str(error), title="Generation failed") from None
+            run.failed(str(error))
+            raise _user_error(str(error), "Generation failed") from None
         finally:
+            run.close()
             self._drop_stop(request, stop)
             files.remove()
 

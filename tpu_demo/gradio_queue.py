@@ -1,0 +1,95 @@
+"""The few facts about Gradio's queue that hardening needs, read in one place.
+
+Gradio 6.31 has no public API for "which requests does this client have waiting or running",
+"is the client of this running event still connected" or "when was this event queued". The
+queue holds all three (``Blocks._queue``: waiting events per concurrency id, ``active_jobs``,
+``Event.alive`` cleared when the client's stream closes, ``Event.enqueue_time``), so they are
+read here and nowhere else. Every accessor degrades to "unknown" (never raises) if a Gradio
+upgrade renames them, and tests/test_hardening.py exercises each one against the real queue.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import gradio as gr
+
+
+@dataclass(frozen=True)
+class QueuedEvent:
+    """One generation a client has waiting or running."""
+
+    session_hash: str
+    client_host: str | None
+    running: bool
+
+
+def _queue(blocks: gr.Blocks | None) -> Any:
+    return getattr(blocks, "_queue", None)
+
+
+def fn_ids(blocks: gr.Blocks, api_name: str) -> set[int]:
+    """The ids (``fn_index`` in queue joins) of the event handlers behind ``api_name``."""
+    return {fn_id for fn_id, fn in blocks.fns.items() if getattr(fn, "api_name", None) == api_name}
+
+
+def pending_events(blocks: gr.Blocks, api_name: str) -> Iterator[QueuedEvent]:
+    """Every ``api_name`` event waiting in the queue or running, with its session and client address."""
+    queue = _queue(blocks)
+    if queue is None:
+        return
+    try:
+        waiting = [event for event_queue in queue.event_queue_per_concurrency_id.values()
+                   for event in list(event_queue.queue)]
+        running = [event for job in list(queue.active_jobs) if job for event in job]
+    except AttributeError:
+        return
+    for event, is_running in [(e, False) for e in waiting] + [(e, True) for e in running]:
+        if getattr(getattr(event, "fn", None), "api_name", api_name) != api_name:
+            continue
+        request = getattr(event, "request", None)
+        client = getattr(request, "client", None)
+        yield QueuedEvent(session_hash=str(getattr(event, "session_hash", "")),
+                          client_host=getattr(client, "host", None), running=is_running)
+
+
+def queue_length(blocks: gr.Blocks) -> int:
+    """Requests waiting (not yet running) in the queue."""
+    try:
+        return len(_queue(blocks))
+    except TypeError:
+        return 0
+
+
+def _current_event() -> Any:
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = _queue(blocks)
+    if queue is None or event_id is None:
+        return None
+    return getattr(queue, "event_ids_to_events", {}).get(event_id)
+
+
+@dataclass
+class CurrentEvent:
+    """The queue event of the handler that is running now (call inside a Gradio handler)."""
+
+    event_id: str | None
+    queue_wait_seconds: float | None
+    _event: Any = None
+
+    @classmethod
+    def capture(cls) -> "CurrentEvent":
+        from gradio.context import LocalContext
+
+        event = _current_event()
+        enqueued = getattr(event, "enqueue_time", None)
+        wait = round(time.monotonic() - enqueued, 4) if isinstance(enqueued, float) else None
+        return cls(event_id=LocalContext.event_id.get(None), queue_wait_seconds=wait, _event=event)
+
+    def connected(self) -> bool:
+        """False once Gradio saw the client's stream close (unknown counts as connected)."""
+        return bool(getattr(self._event, "alive", True))
