@@ -231,11 +231,12 @@ class DemoUI:
         rows = self.engine.buckets_for(model_id, ExecutionMode(mode))
         icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
-        lines = ["| bucket | mode | CFG | state | compile s | graphs |", "|---|---|---|---|---|---|"]
+        lines = ["| bucket | mode | CFG | state | compile s | graphs | from cache |", "|---|---|---|---|---|---|---|"]
+        cached = {True: "yes", False: "no", None: "\u2013"}
         for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
-            lines.append(f"| {b.resolution} | {b.mode} | {'on' if b.cfg else 'off'} | {state} | {seconds} | {b.compiles} |")
+            lines.append(f"| {b.resolution} | {b.mode} | {'on' if b.cfg else 'off'} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
         busy = "busy" if status.busy else "idle"
         lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
