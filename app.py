@@ -1,6 +1,13 @@
 """Entry point: `python app.py [--port 7860] [--model tiny-flux] ...`; see `python app.py --help`."""
 
-from tpu_demo.serve import main
+import sys
+
+from tpu_demo.compile_cache import use_compile_cache
+from tpu_demo.config import parse_config
 
 if __name__ == "__main__":
+    # Before torch is imported: torch-tpu reads its persistent compile cache location once, at init.
+    use_compile_cache(parse_config(sys.argv[1:]).resolved_cache_dir)
+    from tpu_demo.serve import main
+
     main()

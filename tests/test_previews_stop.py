@@ -33,7 +33,8 @@ def test_previews_arrive_before_each_image_at_the_configured_interval(launch_app
     assert [caption.split("step ")[1] for _, caption in timeline[:first_image]] == ["3/10", "6/10", "9/10"]
     assert [kind for kind, _ in timeline[first_image + 1:]] == ["preview"] * 3 + ["image"]
     previews = [Image.open(update[-1]["image"]) for update in job.outputs() if update and is_preview(update[-1])]
-    assert len(previews) == 6 and all(p.size == (64, 64) for p in previews)
+    # previews are the latent grid itself (FLUX packs 2x2 latent patches: 64 px / 8 / 2 = 4), scaled by the page
+    assert len(previews) == 6 and all(p.size == (4, 4) for p in previews)
 
 
 def test_previews_never_change_the_final_pixels(launch_app):

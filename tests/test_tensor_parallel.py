@@ -206,7 +206,8 @@ def test_stuck_follower_times_out_then_requests_are_refused(tp_server):
 
 def test_sigterm_on_launcher_stops_every_rank(tp_server):
     """Last test of the module: SIGTERM to the launcher (what Ctrl-C does) stops all ranks."""
-    assert len(tp_server.alive()) == 3  # torchrun + 2 ranks
+    # the stuck-follower test before this one failed the group, so a rank may already be leaving
+    assert tp_server.launcher.poll() is None and len(tp_server.alive()) >= 2
     tp_server.launcher.send_signal(signal.SIGTERM)
     left = tp_server.wait_all_gone(45)
     assert not left, [p.cmdline() for p in left]

@@ -28,6 +28,7 @@ import torch
 from . import pngmeta
 from .buckets import Bucket
 from .catalog import CATALOG, ModelSpec, Placement, get_spec
+from .compile_cache import cache_counters, compile_source
 from .compile_counter import CompileCounter
 from .device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
                      synchronize)
@@ -160,6 +161,10 @@ class Engine:
 
     def mode_description(self, mode: ExecutionMode) -> str:
         return describe_mode(mode, self.device, self.config.cpu_compile_backend)
+
+    def pipeline(self, model_id: str) -> Any:
+        """The loaded diffusers pipeline of ``model_id`` (loaded if needed), e.g. for bare-call benchmarks."""
+        return self.submit(lambda: self._load(model_id)).result().pipeline
 
     def placement_for(self, model_id: str) -> Placement:
         loaded = self._models.get(model_id)
@@ -434,7 +439,7 @@ class Engine:
         status = self._bucket((loaded.spec.id, mode.value, str(bucket), cfg))
         with self._state_lock:
             status.state, status.error = BucketState.COMPILING, None
-        before, started = self.counter.count, time.perf_counter()
+        before, cache_before, started = self.counter.count, cache_counters(), time.perf_counter()
         try:
             result = call()
         except BaseException:
@@ -444,6 +449,7 @@ class Engine:
         with self._state_lock:
             status.compile_seconds = round(time.perf_counter() - started, 3)
             status.compiles = self.counter.count - before
+            status.from_cache = compile_source(cache_before, cache_counters()) if status.compiles else None
             status.state = BucketState.WARM
         return result
 

@@ -18,15 +18,13 @@ from PIL import Image
 
 from .buckets import Bucket
 
-#: previews are small; the gallery scales them up (they are only a sketch of what is forming)
-_PREVIEW_MAX_SIDE = 256
 #: enough pairs for a stable fit; later images add no cost
 _MAX_OBSERVATIONS = 16
 
 
 def latent_grid(latents: torch.Tensor, bucket: Bucket) -> torch.Tensor:
     """The first sample's latents as an (h, w, channels) float grid, unpacking token sequences."""
-    sample = latents[0].detach().float()
+    sample = latents[0].detach().to("cpu", torch.float32)
     if sample.ndim == 2:  # packed: (tokens, channels) in row-major order over the patch grid
         tokens = sample.shape[0]
         height = max(1, round(math.sqrt(tokens * bucket.height / bucket.width)))
@@ -44,6 +42,7 @@ class LatentPreviewer:
         self._gram: torch.Tensor | None = None
         self._cross: torch.Tensor | None = None
         self._weights: torch.Tensor | None = None
+        self._weights_np: np.ndarray | None = None
 
     @property
     def fitted(self) -> bool:
@@ -67,16 +66,19 @@ class LatentPreviewer:
         self.observations += 1
         regulariser = self.ridge * torch.eye(channels + 1)
         self._weights = torch.linalg.solve(self._gram + regulariser, self._cross)
+        self._weights_np = None
 
     def render(self, latents: torch.Tensor, bucket: Bucket) -> Image.Image:
-        grid = latent_grid(latents, bucket)
+        """The preview at the latent grid's own resolution (the gallery scales it up): a matrix product
+        and one small image, well under a millisecond even for tiny models' millisecond steps."""
+        grid = latent_grid(latents, bucket).numpy()
         height, width, channels = grid.shape
         if self._weights is not None and self._weights.shape[0] == channels + 1:
-            rgb = grid @ self._weights[:-1] + self._weights[-1]
+            if self._weights_np is None:
+                self._weights_np = self._weights.numpy().astype(np.float32)
+            rgb = grid.reshape(-1, channels) @ self._weights_np[:-1] + self._weights_np[-1]
         else:  # not fitted yet: show the first three channels, normalised
-            rgb = grid[..., :3]
-            rgb = (rgb - rgb.amin()) / (rgb.amax() - rgb.amin() + 1e-6)
-        pixels = (rgb.clamp(0, 1) * 255).to(torch.uint8).numpy()
-        scale = min(_PREVIEW_MAX_SIDE / max(bucket.width, bucket.height), 1.0)
-        size = (max(1, round(bucket.width * scale)), max(1, round(bucket.height * scale)))
-        return Image.fromarray(pixels, "RGB").resize(size, Image.Resampling.BILINEAR)
+            rgb = grid[..., :3].reshape(-1, 3)
+            rgb = (rgb - rgb.min()) / (rgb.max() - rgb.min() + 1e-6)
+        pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8).reshape(height, width, 3)
+        return Image.fromarray(pixels, "RGB")

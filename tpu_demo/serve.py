@@ -13,6 +13,7 @@ from starlette.middleware import Middleware
 from . import gradio_queue
 from .admission import AdmissionLimits, AdmissionMiddleware
 from .catalog import REAL_MODEL_IDS, TINY_MODEL_IDS, CATALOG, Placement
+from .compile_cache import use_compile_cache
 from .config import AppConfig, parse_config
 from .device import DeviceInfo, detect_device
 from .engine import Engine, EngineConfig
@@ -51,6 +52,7 @@ def offered_models(config: AppConfig) -> tuple[str, ...]:
 
 def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | None = None) -> Engine:
     """The engine for ``config``; in a tensor-parallel run every rank builds the same one."""
+    use_compile_cache(config.resolved_cache_dir)  # before the first compile (app.py also sets it before torch)
     models = offered_models(config)
     if not models or (config.model and config.model not in models):
         raise SystemExit(f"app.py: error: --model/--models: {config.model or 'none of the offered models'} "

@@ -1,0 +1,1 @@
+"""Benchmarks that prove "compile once, then only compute": run ``python -m benchmarks.run``."""
