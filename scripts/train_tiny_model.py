@@ -57,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--save-vae", type=Path, default=None, help="also save the trained VAE's state dict here")
+    p.add_argument("--load-vae", type=Path, default=None,
+                   help="development shortcut: load a VAE state dict (from --save-vae) instead of training one")
     return p.parse_args(argv)
 
 
@@ -181,7 +184,13 @@ def main(argv=None):
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    train_vae(pipe.vae, images, args, log, gen)
+    if args.load_vae:
+        pipe.vae.load_state_dict(torch.load(args.load_vae))
+        pipe.vae.eval()
+    else:
+        train_vae(pipe.vae, images, args, log, gen)
+    if args.save_vae:
+        torch.save(pipe.vae.state_dict(), args.save_vae)
     timings["vae_s"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -43,7 +43,7 @@ class Analysis:
 
 def analyze(image) -> Analysis:
     """What a 64x64 single-shape image shows (see the module docstring)."""
-    pixels = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)[..., :3]
+    pixels = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)[..., :3].astype(np.float32)
     h, w, _ = pixels.shape
     border = np.concatenate([pixels[:2].reshape(-1, 3), pixels[-2:].reshape(-1, 3),
                              pixels[:, :2].reshape(-1, 3), pixels[:, -2:].reshape(-1, 3)])
@@ -57,7 +57,10 @@ def analyze(image) -> Analysis:
     counts = np.bincount(labels[far], minlength=len(OBJECT_COLOURS))
     colour_index = counts.argmax()
     colour = OBJECT_COLOURS[colour_index]
-    mask = far & (labels == colour_index)
+    # The object's pixels: nearer to its colour than to the background (a halfway threshold, so
+    # blurred edges count the same for every shape).
+    fg_rgb = _OBJECT_RGB[colour_index]
+    mask = ((pixels - fg_rgb) ** 2).sum(-1) < ((pixels - bg_rgb) ** 2).sum(-1)
     blobs, n = ndimage.label(mask)
     if n > 1:
         sizes = ndimage.sum(mask, blobs, index=range(1, n + 1))
@@ -72,7 +75,7 @@ def analyze(image) -> Analysis:
         position = "center"
     else:
         position = ("top " if cy < half else "bottom ") + ("left" if cx < half else "right")
-    shape = "triangle" if fill < 0.65 else "circle" if fill < 0.9 else "square"
+    shape = "triangle" if fill < 0.64 else "circle" if fill < 0.89 else "square"
     size = "large" if max(bw, bh) * IMAGE_SIZE / w > 20 else "small"
     return Analysis(background, colour, position, shape, size, fill)
 
