@@ -57,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="every N transformer steps, save the pipeline with the EMA weights to <output>.ckpt")
+    p.add_argument("--init-transformer", type=Path, default=None,
+                   help="continue training: start the transformer from this saved pipeline's transformer")
     p.add_argument("--save-vae", type=Path, default=None, help="also save the trained VAE's state dict here")
     p.add_argument("--load-vae", type=Path, default=None,
                    help="development shortcut: load a VAE state dict (from --save-vae) instead of training one")
@@ -164,6 +168,11 @@ def train_transformer(pipe, packed: torch.Tensor, embeds, pooled, rows, img_ids,
         if step % args.log_every == 0 or step == args.steps - 1:
             log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"])
             bar.set_postfix(loss=f"{running:.4f}")
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
+            ckpt = args.output.with_name(args.output.name + ".ckpt")
+            type(pipe)(**{**pipe.components, "transformer": ema}).save_pretrained(ckpt, safe_serialization=True)
+            (ckpt / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
+            log(stage="checkpoint", step=step + 1, path=str(ckpt))
     return ema
 
 
@@ -171,7 +180,9 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
+    # One generator per stage, so --load-vae continues exactly like a full run would.
+    vae_gen = torch.Generator().manual_seed(args.seed)
+    transformer_gen = torch.Generator().manual_seed(args.seed + 1)
     args.output.mkdir(parents=True, exist_ok=True)
     log = Logger(args.output / "train_log.jsonl")
     timings = {}
@@ -188,7 +199,7 @@ def main(argv=None):
         pipe.vae.load_state_dict(torch.load(args.load_vae))
         pipe.vae.eval()
     else:
-        train_vae(pipe.vae, images, args, log, gen)
+        train_vae(pipe.vae, images, args, log, vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
     timings["vae_s"] = time.perf_counter() - t
@@ -208,7 +219,12 @@ def main(argv=None):
         unique_captions=len(embeds))
 
     t = time.perf_counter()
-    ema = train_transformer(pipe, packed, embeds, pooled, rows, img_ids, txt_ids, args, log, gen)
+    if args.init_transformer:
+        from diffusers import FluxTransformer2DModel
+
+        start = FluxTransformer2DModel.from_pretrained(args.init_transformer, subfolder="transformer")
+        pipe.transformer.load_state_dict(start.state_dict())
+    ema = train_transformer(pipe, packed, embeds, pooled, rows, img_ids, txt_ids, args, log, transformer_gen)
     pipe.transformer.load_state_dict(ema.state_dict())
     pipe.transformer.eval()
     timings["transformer_s"] = time.perf_counter() - t

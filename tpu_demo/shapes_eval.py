@@ -61,6 +61,8 @@ def analyze(image) -> Analysis:
     # blurred edges count the same for every shape).
     fg_rgb = _OBJECT_RGB[colour_index]
     mask = ((pixels - fg_rgb) ** 2).sum(-1) < ((pixels - bg_rgb) ** 2).sum(-1)
+    if not mask.any():
+        return Analysis(background, colour, None, None, None, 0.0)
     blobs, n = ndimage.label(mask)
     if n > 1:
         sizes = ndimage.sum(mask, blobs, index=range(1, n + 1))
