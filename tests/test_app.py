@@ -37,7 +37,7 @@ def test_api_lists_the_documented_parameters(launch_app):
 def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
     import time
 
-    app, url = launch_app("--mode", "compiled", "--buckets", "64x64,128x128")
+    app, url = launch_app("--model", "tiny-flux", "--mode", "compiled", "--buckets", "64x64,128x128")
     deadline = time.monotonic() + 180
     table = app.ui.status_table("tiny-flux", "compiled")
     while table.count("warm") < 2 and time.monotonic() < deadline:
@@ -49,3 +49,20 @@ def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
     result = Client(url, verbose=False).predict(**request_fields(mode="compiled", resolution="128x128", previews=False),
                                                 api_name="/generate")
     assert "warm" in result[0]["caption"] and app.engine.counter.count == compiled
+
+
+def test_default_start_is_the_trained_tiny_shapes_model(launch_app):
+    app, url = launch_app("--no-warmup")
+    assert app.ui.settings.start_model == "tiny-shapes"
+    client = Client(url, verbose=False)
+    api = client.view_api(return_format="dict", print_info=False)
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
+    assert (defaults["model"], defaults["resolution"], defaults["num_inference_steps"]) == ("tiny-shapes", "64x64", 12)
+    result = client.predict(prompt="a large red circle in the center on a white background", model="tiny-shapes",
+                            mode="eager", resolution="64x64", num_inference_steps=12, guidance_scale=1.0, seed=0,
+                            num_images=1, previews=False, api_name="/generate")
+    image = np.asarray(Image.open(result[0]["image"]).convert("RGB"), dtype=float)
+    corners = np.concatenate([image[:6, :6].reshape(-1, 3), image[-6:, -6:].reshape(-1, 3)])
+    centre = image[24:40, 24:40].reshape(-1, 3)
+    assert corners.mean() > 180  # a white background ...
+    assert centre[:, 0].mean() - centre[:, 2].mean() > 60  # ... with something red in the centre

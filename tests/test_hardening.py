@@ -364,7 +364,7 @@ def test_a_failing_vae_decode_fails_only_that_request(server):
 
 
 def test_a_failed_bucket_warmup_marks_only_that_bucket(start_app):
-    app, url = start_app("--buckets", "64x64,128x128,96x64")
+    app, url = start_app("--model", "tiny-flux", "--buckets", "64x64,128x128,96x64")
     transformer = app.engine.load("tiny-flux").transformer
 
     def fail_128(module, args, kwargs):  # 128x128 packs into 8x8=64 latent tokens

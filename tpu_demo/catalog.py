@@ -127,6 +127,13 @@ _TINY_BUCKETS = _buckets("64x64", "128x128", "96x64", "64x96")
 
 _ENTRIES = (
     ModelSpec(
+        id="tiny-shapes", title="Tiny Shapes (trained here on CPU, draws its prompt)", pipeline_class="FluxPipeline",
+        source="assets:models/tiny-shapes", default_steps=12, max_steps=50, default_guidance=1.0,
+        guidance_range=None, buckets=_buckets("64x64"), size_multiple=8,
+        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        call_kwargs={"max_sequence_length": 32}, example_prompts_file="tiny_shapes_prompts.txt",
+    ),
+    ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",
         source="builtin:tiny-flux", default_steps=4, max_steps=50, default_guidance=0.0,
         guidance_range=None, buckets=_TINY_BUCKETS,
@@ -179,7 +186,7 @@ CATALOG: Mapping[str, ModelSpec] = MappingProxyType({spec.id: spec.validate() fo
 
 TINY_MODEL_IDS: tuple[str, ...] = tuple(spec.id for spec in _ENTRIES if spec.is_builtin)
 REAL_MODEL_IDS: tuple[str, ...] = tuple(spec.id for spec in _ENTRIES if not spec.is_builtin)
-DEFAULT_MODEL_ID = "tiny-flux"
+DEFAULT_MODEL_ID = "tiny-shapes"
 
 
 def get_spec(model_id: str, offered: tuple[str, ...] | None = None) -> ModelSpec:

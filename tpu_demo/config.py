@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .buckets import Bucket, BucketError, parse_bucket_list
-from .catalog import CATALOG, DEFAULT_MODEL_ID, Placement
+from .catalog import CATALOG, Placement
 from .modes import ExecutionMode
 
 ENV_PREFIX = "TPU_DEMO_"

@@ -12,7 +12,7 @@ from starlette.middleware import Middleware
 
 from . import gradio_queue
 from .admission import AdmissionLimits, AdmissionMiddleware
-from .catalog import REAL_MODEL_IDS, TINY_MODEL_IDS, CATALOG, Placement
+from .catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from .compile_cache import use_compile_cache
 from .config import AppConfig, parse_config
 from .device import DeviceInfo, detect_device
@@ -50,6 +50,11 @@ def offered_models(config: AppConfig) -> tuple[str, ...]:
     return models
 
 
+def start_model(config: AppConfig, models: tuple[str, ...]) -> str:
+    """``--model``, else the embedded default when offered, else the first offered model."""
+    return config.model or (DEFAULT_MODEL_ID if DEFAULT_MODEL_ID in models else models[0])
+
+
 def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | None = None) -> Engine:
     """The engine for ``config``; in a tensor-parallel run every rank builds the same one."""
     use_compile_cache(config.resolved_cache_dir)  # before the first compile (app.py also sets it before torch)
@@ -57,12 +62,12 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
     if not models or (config.model and config.model not in models):
         raise SystemExit(f"app.py: error: --model/--models: {config.model or 'none of the offered models'} "
                          "cannot be served tensor-parallel")
-    start_model = config.model or models[0]
+    first = start_model(config, models)
     return Engine(EngineConfig(
         models_dir=config.resolved_cache_dir / "models",
         cpu_compile_backend=config.compile_backend,
         offered_models=models,
-        bucket_overrides={start_model: config.buckets} if config.buckets else {},
+        bucket_overrides={first: config.buckets} if config.buckets else {},
         placement_override=Placement(config.placement) if config.placement else None,
         memory_budget_gb=config.memory_budget,
         preview_every=config.preview_every,
@@ -76,8 +81,8 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     device = lockstep.world.device if lockstep is not None else detect_device(config.device)
     engine = build_engine(config, device, lockstep)
     models = tuple(engine.specs)
-    start_model = config.model or models[0]
-    settings = UiSettings(start_model=start_model, start_mode=config.start_mode, limits=RequestLimits(
+    first = start_model(config, models)
+    settings = UiSettings(start_model=first, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
         offered_modes=tuple(ExecutionMode)))
     supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
@@ -87,8 +92,8 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too
     demo.queue(max_size=None, default_concurrency_limit=1)
     if not config.no_warmup:
-        engine.warmup_in_background(start_model, config.start_mode)
-    log.info("serving %s on %s; models: %s", start_model, device.badge, ", ".join(models))
+        engine.warmup_in_background(first, config.start_mode)
+    log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
     return App(config, engine, ui, demo)
 
 

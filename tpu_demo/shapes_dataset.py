@@ -1,0 +1,180 @@
+"""Synthetic captioned scenes of simple shapes, for the tiny text-to-image model in ``assets/``.
+
+A scene is a 64x64 RGB image of one or two shapes (circle, square, triangle) in a named colour,
+size and position on a plain named background, with a caption built from a small grammar::
+
+    a small red circle at the top left on a white background
+    a large blue square in the center on a gray background
+    a small green triangle at the top right and a small yellow circle at the bottom left on a black background
+
+Everything is generated from a seed (no files). A fixed rule holds out some (colour, shape,
+position) combinations: no training scene ever contains them, and :func:`held_out_prompts`
+lists the single-shape captions built from them for the evaluation.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+IMAGE_SIZE = 64
+
+#: Named colours and their RGB values. Objects use OBJECT_COLOURS, backgrounds BACKGROUNDS.
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (240, 210, 40),
+    "orange": (245, 140, 30),
+    "purple": (140, 60, 180),
+    "white": (245, 245, 245),
+    "black": (20, 20, 20),
+    "gray": (128, 128, 128),
+}
+OBJECT_COLOURS = ("red", "green", "blue", "yellow", "orange", "purple", "white", "black")
+BACKGROUNDS = ("white", "black", "gray")
+SHAPES = ("circle", "square", "triangle")
+SIZES = ("small", "large")
+#: Position name -> (caption phrase, centre x, centre y).
+POSITIONS: dict[str, tuple[str, int, int]] = {
+    "top left": ("at the top left", 16, 16),
+    "top right": ("at the top right", 48, 16),
+    "bottom left": ("at the bottom left", 16, 48),
+    "bottom right": ("at the bottom right", 48, 48),
+    "center": ("in the center", 32, 32),
+}
+POSITION_NAMES = tuple(POSITIONS)
+#: Bounding-box side in pixels, per size word.
+SIDE = {"small": 14, "large": 26}
+JITTER = 2
+
+#: Every word of the grammar (whole-word pieces for the T5 tokenizer).
+VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
+    "a and on background at the in".split() + list(SIZES) + list(OBJECT_COLOURS) + list(BACKGROUNDS)
+    + list(SHAPES) + "top bottom left right center".split()
+))
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    colour: str
+    shape: str
+    position: str
+    size: str
+
+    def phrase(self) -> str:
+        return f"a {self.size} {self.colour} {self.shape} {POSITIONS[self.position][0]}"
+
+
+@dataclass(frozen=True)
+class Scene:
+    background: str
+    objects: tuple[ShapeSpec, ...]
+
+    @property
+    def caption(self) -> str:
+        return " and ".join(obj.phrase() for obj in self.objects) + f" on a {self.background} background"
+
+
+def is_held_out(colour: str, shape: str, position: str) -> bool:
+    """The fixed held-out rule: about one (colour, shape, position) triple in six never trains.
+
+    Every pair of the three (colour+shape, colour+position, shape+position) is still seen in
+    training with other values of the third, so the held-out prompts test composition.
+    """
+    c, s, p = OBJECT_COLOURS.index(colour), SHAPES.index(shape), POSITION_NAMES.index(position)
+    return (c + 2 * s + 3 * p) % 6 == 0
+
+
+def held_out_prompts() -> list[Scene]:
+    """All single-shape scenes made of held-out triples (every size and background), in a fixed order."""
+    scenes = []
+    for colour in OBJECT_COLOURS:
+        for shape in SHAPES:
+            for position in POSITION_NAMES:
+                if not is_held_out(colour, shape, position):
+                    continue
+                for size in SIZES:
+                    for background in BACKGROUNDS:
+                        if background != colour:
+                            scenes.append(Scene(background, (ShapeSpec(colour, shape, position, size),)))
+    return scenes
+
+
+def parse_caption(caption: str) -> Scene:
+    """The scene a caption of the grammar describes (inverse of ``Scene.caption``)."""
+    text = caption.strip().lower()
+    body, _, tail = text.rpartition(" on a ")
+    background = tail.removesuffix(" background").strip()
+    objects = []
+    for part in body.split(" and "):
+        words = part.split()
+        if len(words) < 5 or words[0] != "a":
+            raise ValueError(f"not a caption of the grammar: {caption!r}")
+        size, colour, shape = words[1], words[2], words[3]
+        phrase = " ".join(words[4:])
+        position = next(name for name, (p, _, _) in POSITIONS.items() if p == phrase)
+        objects.append(ShapeSpec(colour, shape, position, size))
+    scene = Scene(background, tuple(objects))
+    if scene.caption != text:
+        raise ValueError(f"not a caption of the grammar: {caption!r}")
+    return scene
+
+
+def render(scene: Scene, rng: random.Random | None = None) -> Image.Image:
+    """Draw ``scene`` (with a small random jitter of each object's centre when ``rng`` is given)."""
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), PALETTE[scene.background])
+    draw = ImageDraw.Draw(image)
+    for obj in scene.objects:
+        _, cx, cy = POSITIONS[obj.position]
+        if rng is not None:
+            cx += rng.randint(-JITTER, JITTER)
+            cy += rng.randint(-JITTER, JITTER)
+        side = SIDE[obj.size]
+        x0, y0 = cx - side // 2, cy - side // 2
+        x1, y1 = x0 + side - 1, y0 + side - 1
+        fill = PALETTE[obj.colour]
+        if obj.shape == "circle":
+            draw.ellipse((x0, y0, x1, y1), fill=fill)
+        elif obj.shape == "square":
+            draw.rectangle((x0, y0, x1, y1), fill=fill)
+        elif obj.shape == "triangle":
+            draw.polygon(((x0 + x1) / 2, y0, x1, y1, x0, y1), fill=fill)
+        else:
+            raise ValueError(obj.shape)
+    return image
+
+
+def _random_object(rng: random.Random, background: str, position: str, size: str) -> ShapeSpec:
+    while True:
+        colour = rng.choice(OBJECT_COLOURS)
+        shape = rng.choice(SHAPES)
+        if colour != background and not is_held_out(colour, shape, position):
+            return ShapeSpec(colour, shape, position, size)
+
+
+def sample_scene(rng: random.Random, two_shape_prob: float = 0.25) -> Scene:
+    """One random training scene; never contains a held-out (colour, shape, position) triple."""
+    background = rng.choice(BACKGROUNDS)
+    if rng.random() >= two_shape_prob:
+        return Scene(background, (_random_object(rng, background, rng.choice(POSITION_NAMES), rng.choice(SIZES)),))
+    first, second = rng.sample(POSITION_NAMES, 2)
+    if "center" in (first, second):  # a large shape at the centre would overlap a corner one
+        sizes = ("small", "small")
+    else:
+        sizes = (rng.choice(SIZES), rng.choice(SIZES))
+    objects = (_random_object(rng, background, first, sizes[0]), _random_object(rng, background, second, sizes[1]))
+    return Scene(background, objects)
+
+
+def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25) -> list[tuple[np.ndarray, str, Scene]]:
+    """``n`` training examples ``(uint8 HxWx3 image, caption, scene)``, deterministic from ``seed``."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        scene = sample_scene(rng, two_shape_prob)
+        out.append((np.asarray(render(scene, rng)), scene.caption, scene))
+    return out
