@@ -23,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import tpu_demo  # noqa: E402,F401 - offline environment defaults before gradio is imported
 
+from tpu_demo.ui import example_prompts  # noqa: E402
 from browser_support import guard_network, launch_chromium, start_app, stop_app, wait_for_gallery_images  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshot.png")
     parser.add_argument("--model", default=None, help="model to show (default: the app's start model)")
-    parser.add_argument("--prompt", default="a red circle on a white background")
+    parser.add_argument("--prompt", default=None, help="default: the model's first example prompt")
     parser.add_argument("--num-images", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--theme", choices=("light", "dark"), default="light")
@@ -63,6 +64,7 @@ def main() -> None:
     app, url = start_app(*flags)
     try:
         model_id = app.ui.settings.start_model
+        prompt = args.prompt or next(iter(example_prompts(app.engine.spec(model_id))), "a red circle")
         wait_for_warm_buckets(app, model_id)
         with sync_playwright() as playwright:
             browser = launch_chromium(playwright)
@@ -71,7 +73,7 @@ def main() -> None:
             blocked = guard_network(context)
             page = context.new_page()
             page.goto(url)
-            page.fill("#prompt textarea", args.prompt)
+            page.fill("#prompt textarea", prompt)
             page.click("#advanced button.label-wrap")  # open "Advanced" so the shot shows every control
             page.get_by_label("Randomize seed").uncheck()
             page.get_by_label("Seed", exact=True).fill(str(args.seed))
