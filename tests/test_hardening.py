@@ -497,7 +497,8 @@ def test_health_reports_device_models_buckets_and_queue_without_paths(server, ca
     assert health["status"] == "ok" and health["device"]["kind"] == "cpu"
     assert "tiny-flux" in health["models_loaded"] and health["warm_buckets"] >= 1
     assert {"model": "tiny-flux", "mode": "eager", "resolution": "64x64", "cfg": False, "state": "warm"}.items() \
-        <= next(b for b in health["buckets"] if b["resolution"] == "64x64" and b["mode"] == "eager").items()
+        <= next(b for b in health["buckets"]
+                if b["model"] == "tiny-flux" and b["resolution"] == "64x64" and b["mode"] == "eager").items()
     assert health["queue_length"] == 0 and health["busy"] is False
     text = response.text
     assert str(cache_dir) not in text and str(REPO) not in text and "/root" not in text and "/tmp" not in text
