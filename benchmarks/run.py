@@ -259,7 +259,40 @@ def measure_app_overhead(bench: Bench) -> dict[str, Any]:
             raise RuntimeError("the app returned no image")
 
     pairs = interleaved_pairs(through_app, lambda: bench.bare_call(next(b_seeds)), bench.args.pairs)
-    return {**pairs.summary(), "a": "gradio_client /generate on loopback (previews off)", "b": "bare pipeline call"}
+    floor = gradio_floor_ms(bench.args.pairs)
+    return {**pairs.summary(), "a": "gradio_client /generate on loopback (previews off)", "b": "bare pipeline call",
+            "gradio_floor_ms": floor, "app_beyond_gradio_floor_ms": round(pairs.median_extra_ms - floor, 2)}
+
+
+def gradio_floor_ms(calls: int) -> float:
+    """Median round trip of the same client through a bare Gradio app whose generator yields one
+    ready PNG into a gallery: Gradio's and gradio_client's own cost, which no app can go below."""
+    import gradio as gr
+    from gradio_client import Client
+    from PIL import Image
+
+    from benchmarks.measure import median, timed
+
+    work = Path(tempfile.mkdtemp(prefix="gradio-floor-"))
+    png = work / "image.png"
+    Image.new("RGB", (128, 128), "white").save(png)
+
+    def one_image(prompt: str):
+        yield [(str(png), prompt)]
+
+    with gr.Blocks(analytics_enabled=False) as floor_app:
+        prompt, gallery = gr.Textbox(), gr.Gallery(format="png", type="filepath")
+        prompt.submit(one_image, prompt, gallery, api_name="generate")
+    port = _free_port()
+    floor_app.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client.predict("warm", api_name="/generate")
+        seconds = [timed(lambda: list(client.submit("x", api_name="/generate"))) for _ in range(calls)]
+    finally:
+        floor_app.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return round(1000 * median(seconds), 2)
 
 
 def measure_throughput(bench: Bench, bare_image_s: float) -> dict[str, Any]:
@@ -447,6 +480,9 @@ def markdown_table(results: dict[str, Any]) -> str:
     a = f["app_overhead"]
     rows.append(("app overhead: `gradio_client` `/generate` on loopback / bare call", f"{a['ratio']:.3f}x ({a['median_extra_ms']:+.1f} ms/request, "
                  f"{a['pairs']} pairs; fastest/fastest {a['best_ratio']:.3f}x)", TARGETS["app_overhead"], _met(a["ratio"] <= 1.10 and a["median_extra_ms"] <= 25)))
+    rows.append(("Gradio's own floor: same client, bare Gradio app yielding one ready PNG",
+                 f"{a['gradio_floor_ms']:.0f} ms/request; the app adds {a['app_beyond_gradio_floor_ms']:+.0f} ms beyond it",
+                 "\u2013", "\u2013"))
     for mode, w in f["warm_vs_cold"].items():
         rows.append((f"warm vs cold, {mode} ({w['described_as']})", f"first request {w['cold_s']:.2f} s, then {1000 * w['warm_median_s']:.0f} ms "
                      f"({w['ratio']:.1f}x; {w['compiles_first']} graph compiled)", "\u2013", "\u2013"))

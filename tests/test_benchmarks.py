@@ -103,6 +103,7 @@ def test_smoke_run_emits_every_figure(tmp_path):
                             "previews", "throughput", "restart"}
     assert figures["engine_overhead"]["pairs"] == figures["app_overhead"]["pairs"] == 2
     assert figures["engine_overhead"]["ratio"] > 0 and figures["app_overhead"]["median_a_ms"] > 0
+    assert figures["app_overhead"]["gradio_floor_ms"] > 0
     assert set(figures["warm_vs_cold"]) == {"eager", "eager-fused", "compiled"}
     assert figures["warm_vs_cold"]["compiled"]["compiles_first"] == 1
     recompiles = figures["recompiles_after_warmup"]
