@@ -423,7 +423,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     app = build_app(parse_config(flags, environ={}))
     launch(app, prevent_thread_lock=True, quiet=True)
     try:
-        bench = Bench(args, app, f"http://127.0.0.1:{port}/", spec, main_bucket, buckets, app.engine.pipeline(args.model))
+        bench = Bench(args, app, f"http://127.0.0.1:{port}/", spec, main_bucket, buckets, app.engine.load(args.model))
         _section(results, "warm_vs_cold", lambda: measure_warm_vs_cold(bench))
         figures["memory"] = {"one_bucket_peak_rss_mb": round(peak_rss_bytes() / 1e6, 1),
                              "one_bucket_rss_mb": round(rss_bytes() / 1e6, 1)}

@@ -162,10 +162,6 @@ class Engine:
     def mode_description(self, mode: ExecutionMode) -> str:
         return describe_mode(mode, self.device, self.config.cpu_compile_backend)
 
-    def pipeline(self, model_id: str) -> Any:
-        """The loaded diffusers pipeline of ``model_id`` (loaded if needed), e.g. for bare-call benchmarks."""
-        return self.submit(lambda: self._load(model_id)).result().pipeline
-
     def placement_for(self, model_id: str) -> Placement:
         loaded = self._models.get(model_id)
         if loaded is not None:

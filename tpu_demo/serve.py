@@ -24,9 +24,12 @@ from .modes import ExecutionMode
 from .request import RequestLimits
 from .shutdown import stop_on_sigterm
 from .supervision import RequestSupervisor, SupervisionSettings
-from .ui import DemoUI, UiSettings, launch_kwargs
+from .ui import GENERATE_API, DemoUI, UiSettings, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
+
+#: uploads are only PNGs dropped to restore settings
+MAX_UPLOAD = "20mb"
 
 
 @dataclass
@@ -102,12 +105,6 @@ def launch(app: App, **kwargs) -> None:
     app.demo.launch(server_name=app.config.host, server_port=app.config.port or None, share=app.config.share,
                     show_error=False, max_file_size=MAX_UPLOAD, app_kwargs=hardening_app_kwargs(app),
                     **launch_kwargs(), **kwargs)
-
-
-GENERATE_API = "generate"
-
-#: uploads are only PNGs dropped to restore settings
-MAX_UPLOAD = "20mb"
 
 
 def hardening_app_kwargs(app: App) -> dict:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 DEVICE_CONCURRENCY_ID = "device"
+#: the public endpoint (gradio_client: api_name="/generate")
+GENERATE_API = "generate"
 
 
 @dataclass(frozen=True)
@@ -365,7 +367,7 @@ class DemoUI:
                 triggers=[generate_button.click, prompt.submit], fn=self.on_generate, inputs=[seed, randomize],
                 outputs=[seed], queue=False, api_visibility="private",
             ).then(
-                self.generate, inputs=inputs, outputs=[gallery], api_name="generate", preprocess=False,
+                self.generate, inputs=inputs, outputs=[gallery], api_name=GENERATE_API, preprocess=False,
                 concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
             )
             stop_button.click(self.stop, None, None, queue=False, api_name="stop")
