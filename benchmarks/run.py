@@ -170,7 +170,7 @@ def measure_engine_overhead(bench: Bench) -> dict[str, Any]:
 
 def measure_previews(bench: Bench) -> dict[str, Any]:
     """The app's step preview (tpu_demo.previews) per step, against the denoising step it rides on."""
-    from benchmarks.measure import interleaved_pairs, median
+    from benchmarks.measure import interleaved_pairs, median, timed
 
     from tpu_demo.previews import LatentPreviewer
 
@@ -184,14 +184,16 @@ def measure_previews(bench: Bench) -> dict[str, Any]:
 
     image = bench.bare_call(7, callback=keep_final)  # fit the projection as the app's warmup does
     previewer.observe(final["latents"], image, bucket)
+    capture_ms: list[float] = []
     render_ms: list[float] = []
     step_ms: list[float] = []
+    frames: list[Any] = []
 
     def with_previews(pipeline: Any, step: int, timestep: Any, kwargs: dict) -> dict:
         if step + 1 < steps:  # like the engine: no preview of the last step (the image follows)
             started = time.perf_counter()
-            previewer.render(kwargs["latents"], bucket)
-            render_ms.append(1000 * (time.perf_counter() - started))
+            frames.append(previewer.capture(kwargs["latents"], bucket))  # the device thread's share
+            capture_ms.append(1000 * (time.perf_counter() - started))
         return {}
 
     last: dict[str, float] = {}
@@ -211,11 +213,14 @@ def measure_previews(bench: Bench) -> dict[str, Any]:
     a_seeds, b_seeds = itertools.count(300), itertools.count(300)
     through_engine = interleaved_pairs(lambda: bench.engine_request(seed=next(a_seeds), previews=True),
                                        lambda: bench.engine_request(seed=next(b_seeds), previews=False), bench.args.pairs)
-    fraction = median(render_ms) / median(step_ms)
-    return {"fraction_of_step": round(fraction, 4), "render_ms_median": round(median(render_ms), 3),
+    for frame in frames:  # the UI thread's share, off the device thread
+        render_ms.append(1000 * timed(frame.render))
+    fraction = median(capture_ms) / median(step_ms)
+    return {"fraction_of_step": round(fraction, 4), "capture_ms_median": round(median(capture_ms), 4),
+            "render_ms_median": round(median(render_ms), 3), "render_fraction_of_step": round(median(render_ms) / median(step_ms), 4),
             "step_ms_median": round(median(step_ms), 3), "renders": len(render_ms),
             "bare_call_with_vs_without": bare.summary(), "engine_with_vs_without": through_engine.summary(),
-            "preview_code": "tpu_demo.previews.LatentPreviewer.render (fitted, as in the app)"}
+            "preview_code": "tpu_demo.previews: LatentPreviewer.capture on the device thread, PreviewFrame.render in the UI"}
 
 
 def measure_recompiles(bench: Bench) -> dict[str, Any]:
@@ -499,8 +504,11 @@ def markdown_table(results: dict[str, Any]) -> str:
                  f"{m['one_bucket_peak_rss_mb']:.0f} MB, {m['warm_buckets']} buckets; weights {m['weights_mb']} MB held once)",
                  TARGETS["memory"], _met(m["ratio"] <= 1.15)))
     p = f["previews"]
-    rows.append(("step preview / denoising step", f"{100 * p['fraction_of_step']:.1f}% ({p['render_ms_median']:.2f} ms / "
-                 f"{p['step_ms_median']:.1f} ms)", TARGETS["previews"], _met(p["fraction_of_step"] <= 0.05)))
+    rows.append(("step preview on the device thread (capture) / denoising step",
+                 f"{100 * p['fraction_of_step']:.1f}% ({p['capture_ms_median']:.3f} ms / {p['step_ms_median']:.1f} ms); "
+                 f"rendering it in the UI thread: {p['render_ms_median']:.3f} ms "
+                 f"({100 * p['render_fraction_of_step']:.1f}% of a step, overlapping the next one)",
+                 TARGETS["previews"], _met(p["fraction_of_step"] <= 0.05)))
     t = f["throughput"]
     rows.append((f"throughput, queue saturated by {t['clients']} clients", f"{t['images_per_minute']:.0f} images/min "
                  f"({t['ratio_to_bare']:.2f}x of back-to-back bare calls; {t['images']} images, {len(t['errors'])} errors)", "\u2013", "\u2013"))

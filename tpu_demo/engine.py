@@ -107,7 +107,7 @@ class _StepObserver:
             self.final_latents = latents.detach().to("cpu", copy=True)
         preview = None
         if self.preview_every and not last and self.steps_done % self.preview_every == 0 and latents is not None:
-            preview = self.previewer.render(latents, self.bucket)
+            preview = self.previewer.capture(latents, self.bucket)
         self.last_step_at = time.perf_counter()
         self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started, preview))
         return {}

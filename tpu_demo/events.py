@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from PIL import Image
 
@@ -42,6 +42,12 @@ class Compiling:
     mode: str
 
 
+class Preview(Protocol):
+    """A step preview captured by the engine; ``render()`` makes the image where it is shown."""
+
+    def render(self) -> Image.Image: ...
+
+
 @dataclass(frozen=True)
 class StepProgress:
     """Denoising step ``step`` of ``total`` finished for image ``index``; ``preview`` is optional."""
@@ -50,7 +56,7 @@ class StepProgress:
     step: int
     total: int
     elapsed_seconds: float
-    preview: Image.Image | None = None
+    preview: "Preview | None" = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ _MAX_OBSERVATIONS = 16
 
 
 def latent_grid(latents: torch.Tensor, bucket: Bucket) -> torch.Tensor:
-    """The first sample's latents as an (h, w, channels) float grid, unpacking token sequences."""
+    """The first sample's latents as an (h, w, channels) float grid (a view where possible),
+    unpacking token sequences."""
     sample = latents[0].detach().to("cpu", torch.float32)
     if sample.ndim == 2:  # packed: (tokens, channels) in row-major order over the patch grid
         tokens = sample.shape[0]
@@ -68,17 +69,38 @@ class LatentPreviewer:
         self._weights = torch.linalg.solve(self._gram + regulariser, self._cross)
         self._weights_np = None
 
-    def render(self, latents: torch.Tensor, bucket: Bucket) -> Image.Image:
-        """The preview at the latent grid's own resolution (the gallery scales it up): a matrix product
-        and one small image, well under a millisecond even for tiny models' millisecond steps."""
-        grid = latent_grid(latents, bucket).numpy()
+    def capture(self, latents: torch.Tensor, bucket: Bucket) -> "PreviewFrame":
+        """Copy this step's latent grid off the device: the only preview work on the device thread."""
+        return PreviewFrame(np.array(latent_grid(latents, bucket), dtype=np.float32, copy=True), self)
+
+    def render(self, grid: np.ndarray) -> Image.Image:
+        """The preview at the latent grid's own resolution (the page scales it up): a matrix product
+        and one small image."""
         height, width, channels = grid.shape
-        if self._weights is not None and self._weights.shape[0] == channels + 1:
-            if self._weights_np is None:
-                self._weights_np = self._weights.numpy().astype(np.float32)
-            rgb = grid.reshape(-1, channels) @ self._weights_np[:-1] + self._weights_np[-1]
+        weights = self._projection(channels)
+        if weights is not None:
+            rgb = grid.reshape(-1, channels) @ weights[:-1] + weights[-1]
         else:  # not fitted yet: show the first three channels, normalised
             rgb = grid[..., :3].reshape(-1, 3)
             rgb = (rgb - rgb.min()) / (rgb.max() - rgb.min() + 1e-6)
         pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8).reshape(height, width, 3)
         return Image.fromarray(pixels, "RGB")
+
+    def _projection(self, channels: int) -> np.ndarray | None:
+        weights = self._weights
+        if weights is None or weights.shape[0] != channels + 1:
+            return None
+        if self._weights_np is None or self._weights_np.shape != tuple(weights.shape):
+            self._weights_np = weights.numpy().astype(np.float32)
+        return self._weights_np
+
+
+class PreviewFrame:
+    """One step's latents, copied off the device; rendered where it is shown (the UI's thread),
+    so previews cost the device thread only the copy."""
+
+    def __init__(self, grid: np.ndarray, previewer: LatentPreviewer):
+        self.grid, self.previewer = grid, previewer
+
+    def render(self) -> Image.Image:
+        return self.previewer.render(self.grid)

@@ -146,7 +146,7 @@ class DemoUI:
                              desc=_progress_text(event, total), unit="steps")
                     if event.preview is not None:
                         caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
-                        yield gallery + [(files.save(event.preview, "preview"), caption)]
+                        yield gallery + [(files.save(event.preview.render(), "preview"), caption)]
                 elif isinstance(event, ImageResult):
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield list(gallery)
