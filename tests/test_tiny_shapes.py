@@ -103,7 +103,9 @@ def test_held_out_subset_beats_chance(held_out_subset_result):
     assert set(accuracy) == set(METRICS)
     for metric in REACHED:
         assert accuracy[metric] >= TARGETS[metric] - 0.1, (metric, accuracy)
-    # Colour and shape are not reliably above chance on this 12-prompt slice (see the xfail below).
+    # Colour is well above chance (12.5%; the phase-3 model gets 75% on this slice, 80.9% on all 110);
+    # shape is not reliably above chance (33%) on 12 prompts (see the xfail below).
+    assert accuracy["colour"] >= 0.5, accuracy
 
 
 @pytest.mark.xfail(reason="the shipped model is below the colour and shape targets (docs/tiny-shapes.md)",
