@@ -1,0 +1,55 @@
+"""Render the tiny-shapes example prompts (assets/tiny_shapes_prompts.txt) into a captioned grid.
+
+    python scripts/example_grid.py [--output assets/tiny_shapes_examples.png] [--seed 0]
+
+The README shows the result; rerun it whenever the shipped weights change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+
+from tpu_demo.catalog import ASSETS_DIR, get_spec  # noqa: E402
+from tpu_demo.device import detect_device  # noqa: E402
+from tpu_demo.loading import load_pipeline  # noqa: E402
+
+TILE, CAPTION, COLUMNS = 128, 44, 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=ASSETS_DIR / "tiny_shapes_examples.png")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    spec = get_spec("tiny-shapes")
+    pipeline = load_pipeline(spec, detect_device("cpu"), ASSETS_DIR.parent / ".cache" / "models")
+    prompts = (ASSETS_DIR / spec.example_prompts_file).read_text().split("\n")
+    prompts = [p.strip() for p in prompts if p.strip()]
+    rows = (len(prompts) + COLUMNS - 1) // COLUMNS
+    grid = Image.new("RGB", (COLUMNS * TILE, rows * (TILE + CAPTION)), "white")
+    draw, font = ImageDraw.Draw(grid), ImageFont.load_default()
+    for index, prompt in enumerate(prompts):
+        image = pipeline(prompt=prompt, height=64, width=64, num_inference_steps=spec.default_steps,
+                         guidance_scale=spec.default_guidance, generator=torch.Generator("cpu").manual_seed(args.seed),
+                         **spec.call_kwargs).images[0]
+        x, y = (index % COLUMNS) * TILE, (index // COLUMNS) * (TILE + CAPTION)
+        grid.paste(image.resize((TILE, TILE), Image.Resampling.NEAREST), (x, y))
+        caption = "\n".join(textwrap.wrap(prompt.removeprefix("a "), 24)[:3])
+        draw.multiline_text((x + 3, y + TILE + 2), caption, fill="black", font=font, spacing=1)
+    grid.save(args.output)
+    print(f"wrote {args.output} ({len(prompts)} prompts, seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()
