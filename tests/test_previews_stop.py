@@ -78,8 +78,11 @@ def test_stop_ends_the_run_within_two_steps_and_keeps_finished_images(launch_app
     steps_after_stop = sum(1 for t in steps if t > stopped_at)
     assert steps_after_stop <= 2, f"{steps_after_stop} denoising steps ran after Stop"
     final = [item for item in job.outputs()[-1] if not is_preview(item)]
-    assert len(final) == 1  # the finished image survives; the aborted one is not decoded
-    assert len(steps) < 100  # images 2 and 3 never ran to the end
+    # every image the server finished before Stop survives (the client may lag behind the server,
+    # so count on the server: one transformer call per step, 50 steps per image); the aborted one is not decoded
+    finished_before_stop = sum(1 for t in steps if t <= stopped_at) // 50
+    assert finished_before_stop >= 1 and len(final) == finished_before_stop
+    assert len(steps) < 150  # the run did not go on to its end
     # the device is free for the next request right away
     started = time.monotonic()
     result = client.predict(**request_fields(num_inference_steps=2, previews=False), api_name="/generate")
