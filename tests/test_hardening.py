@@ -324,6 +324,18 @@ def _generate_fn_index(url: str) -> int:
 
 
 # ---- 3. failure recovery -------------------------------------------------------------------
+def _raising_once(error: BaseException):
+    """A forward pre-hook that raises ``error`` on its first call only, and the list that records it."""
+    raised: list[int] = []
+
+    def fail_once(module, args):
+        if not raised:
+            raised.append(1)
+            raise error
+
+    return fail_once, raised
+
+
 @pytest.mark.parametrize("failure, message", [
     (RuntimeError("injected failure in the transformer"), "Generation failed: injected failure in the transformer"),
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "ran out of memory"),
@@ -331,13 +343,7 @@ def _generate_fn_index(url: str) -> int:
 def test_a_failing_pipeline_call_fails_only_that_request(server, request_log, failure, message):
     app, url = server
     client = Client(url, verbose=False)
-    raised = []
-
-    def fail_once(module, args):
-        if not raised:
-            raised.append(1)
-            raise failure
-
+    fail_once, raised = _raising_once(failure)
     with _Hook(app.engine.load("tiny-flux").transformer, fail_once):
         with pytest.raises(AppError, match=message):
             client.predict(**request_fields(**GOOD), api_name="/generate")
@@ -350,13 +356,7 @@ def test_a_failing_pipeline_call_fails_only_that_request(server, request_log, fa
 def test_a_failing_vae_decode_fails_only_that_request(server):
     app, url = server
     client = Client(url, verbose=False)
-    raised = []
-
-    def fail_once(module, args):
-        if not raised:
-            raised.append(1)
-            raise RuntimeError("injected decode failure")
-
+    fail_once, _ = _raising_once(RuntimeError("injected decode failure"))
     with _Hook(app.engine.load("tiny-flux").vae.decoder, fail_once):
         with pytest.raises(AppError, match="injected decode failure"):
             client.predict(**request_fields(**GOOD), api_name="/generate")
