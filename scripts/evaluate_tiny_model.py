@@ -61,6 +61,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="num_inference_steps (default: demo_defaults.json)")
     p.add_argument("--shift", type=float, default=None, help="override the scheduler's shift")
+    p.add_argument("--true-cfg-scale", type=float, default=None,
+                   help="true classifier-free guidance against the empty prompt (default: demo_defaults.json)")
     p.add_argument("--no-random", action="store_true", help="skip the random-weights baseline")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--grid", type=Path, default=None, help="save a PNG grid (ground truth above generated)")
@@ -72,6 +74,8 @@ def main(argv=None):
     kwargs = {k: v for k, v in demo_defaults(args.model).items() if k not in ("height", "width")}
     if args.steps is not None:
         kwargs["num_inference_steps"] = args.steps
+    if args.true_cfg_scale is not None:
+        kwargs.update(true_cfg_scale=args.true_cfg_scale, negative_prompt="")
     pipe = load_pipeline(args.model)
     if args.shift is not None:
         from diffusers import FlowMatchEulerDiscreteScheduler

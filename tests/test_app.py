@@ -59,7 +59,7 @@ def test_default_start_is_the_trained_tiny_shapes_model(launch_app):
     defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
     assert (defaults["model"], defaults["resolution"], defaults["num_inference_steps"]) == ("tiny-shapes", "64x64", 12)
     result = client.predict(prompt="a large red circle in the center on a white background", model="tiny-shapes",
-                            mode="eager", resolution="64x64", num_inference_steps=12, guidance_scale=1.0, seed=0,
+                            mode="eager", resolution="64x64", num_inference_steps=12, guidance_scale=3.0, seed=0,
                             num_images=1, previews=False, api_name="/generate")
     image = np.asarray(Image.open(result[0]["image"]).convert("RGB"), dtype=float)
     corners = np.concatenate([image[:6, :6].reshape(-1, 3), image[-6:, -6:].reshape(-1, 3)])

@@ -19,6 +19,7 @@ from .buckets import Bucket
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 
 _PIPELINE_CLASSES = frozenset({"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline"})
+_GUIDANCE_ARGUMENTS = frozenset({"guidance_scale", "true_cfg_scale"})
 
 
 class Placement(str, enum.Enum):
@@ -55,6 +56,10 @@ class ModelSpec:
     guidance_range: tuple[float, float] | None = (0.0, 20.0)
     #: True when guidance > 1 runs classifier-free guidance (batch 2: another static shape)
     uses_cfg: bool = False
+    #: the pipeline argument the guidance control sets: ``guidance_scale`` (distilled guidance, or
+    #: SD3's CFG) or ``true_cfg_scale`` (FluxPipeline's true CFG against ``negative_prompt``: a
+    #: second transformer call per step at batch 1, so no new shape)
+    guidance_argument: str = "guidance_scale"
     accelerator_dtype: str = "bfloat16"
     cpu_dtype: str = "float32"
     #: extra keyword arguments for every pipeline call (static text length etc.)
@@ -100,6 +105,8 @@ class ModelSpec:
         if not (1 <= self.min_steps <= self.default_steps <= self.max_steps):
             problems.append(f"steps need 1 <= min_steps <= default_steps <= max_steps, got "
                             f"{self.min_steps}, {self.default_steps}, {self.max_steps}")
+        if self.guidance_argument not in _GUIDANCE_ARGUMENTS:
+            problems.append(f"guidance_argument {self.guidance_argument!r} is not one of {sorted(_GUIDANCE_ARGUMENTS)}")
         if not self.buckets:
             problems.append("buckets is empty")
         for bucket in self.buckets:
@@ -128,10 +135,10 @@ _TINY_BUCKETS = _buckets("64x64", "128x128", "96x64", "64x96")
 _ENTRIES = (
     ModelSpec(
         id="tiny-shapes", title="Tiny Shapes (trained here on CPU, draws its prompt)", pipeline_class="FluxPipeline",
-        source="assets:models/tiny-shapes", default_steps=12, max_steps=50, default_guidance=1.0,
-        guidance_range=None, buckets=_buckets("64x64"), size_multiple=8,
+        source="assets:models/tiny-shapes", default_steps=12, max_steps=50, default_guidance=3.0,
+        guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_buckets("64x64"), size_multiple=8,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
-        call_kwargs={"max_sequence_length": 32}, example_prompts_file="tiny_shapes_prompts.txt",
+        call_kwargs={"max_sequence_length": 32, "negative_prompt": ""}, example_prompts_file="tiny_shapes_prompts.txt",
     ),
     ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",

@@ -388,7 +388,7 @@ class Engine:
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
-                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
+                generator=torch.Generator("cpu").manual_seed(seed), **{loaded.spec.guidance_argument: guidance},
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
                 **loaded.spec.call_kwargs)
             synchronize(self.device)

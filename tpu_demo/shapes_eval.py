@@ -105,7 +105,10 @@ def evaluate_pipeline(pipe, scenes: list[Scene], seed: int = 0, batch_size: int 
     for i in range(0, len(scenes), batch_size):
         chunk = scenes[i:i + batch_size]
         generators = [torch.Generator("cpu").manual_seed(seed + i + j) for j in range(len(chunk))]
-        out = pipe(prompt=[s.caption for s in chunk], generator=generators, **kwargs).images
+        call = dict(kwargs)
+        if isinstance(call.get("negative_prompt"), str):  # one per prompt of the batch
+            call["negative_prompt"] = [call["negative_prompt"]] * len(chunk)
+        out = pipe(prompt=[s.caption for s in chunk], generator=generators, **call).images
         for scene, image in zip(chunk, out):
             results.append(score(scene, analyze(image)))
             images.append(image)

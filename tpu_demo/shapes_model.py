@@ -1,9 +1,9 @@
 """Architecture of the tiny-shapes FluxPipeline (the trained default in ``assets/models/tiny-shapes``).
 
-The same builder makes the untrained (random-weight) baseline of the evaluation. The text
-encoders stay frozen at their seeded random initialisation: the T5 tokenizer has whole-word
-pieces for the caption grammar's vocabulary, so each word is one token and the transformer
-learns to read the random (but fixed and distinct) word features.
+The same builder makes the untrained (random-weight) baseline of the evaluation. The T5
+tokenizer has whole-word pieces for the caption grammar's vocabulary (each word is one token)
+and the CLIP tokenizer is character-level; both text encoders start from a seeded random
+initialisation and are trained together with the transformer (scripts/train_tiny_model.py).
 """
 
 from __future__ import annotations
