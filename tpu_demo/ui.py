@@ -235,12 +235,13 @@ class DemoUI:
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
         tones = {BucketState.COLD: "none", BucketState.COMPILING: "wait", BucketState.WARM: "ok", BucketState.FAILED: "bad"}
         icons = {state: f"<span class='bucket-state tone-{tones[state]}'>{text}</span>" for state, text in icons.items()}
-        lines = ["| bucket | mode | CFG | state | compile s | graphs | from cache |", "|---|---|---|---|---|---|---|"]
+        # "batch": SD3-style CFG doubles the batch (its own graph); FluxPipeline's true CFG does not.
+        lines = ["| bucket | mode | batch | state | compile s | graphs | from cache |", "|---|---|---|---|---|---|---|"]
         cached = {True: "yes", False: "no", None: "\u2013"}
         for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
-            lines.append(f"| {b.resolution} | {b.mode} | {'on' if b.cfg else 'off'} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
+            lines.append(f"| {b.resolution} | {b.mode} | {'2 (CFG)' if b.cfg else '1'} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
         busy = "busy" if status.busy else "idle"
         lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
