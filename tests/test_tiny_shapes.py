@@ -170,3 +170,32 @@ def test_random_weights_are_at_chance_on_the_same_subset(held_out_subset_result)
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
     accuracy = evaluate_pipeline(build_shapes_pipeline(seed=1), subset, seed=0, batch_size=12, **defaults)["accuracy"]
     assert accuracy["colour"] < 0.5 and accuracy["shape"] < TARGETS["shape"], accuracy
+
+
+def _train(tmp_path: Path, name: str, seed: int) -> Path:
+    import subprocess
+    import sys
+
+    out = tmp_path / name
+    args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "96", "--vae-steps", "6",
+            "--vae-full-steps", "2", "--vae-batch-size", "8", "--steps", "6", "--batch-size", "8", "--log-every", "1"]
+    run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+def test_training_script_is_reproducible_from_its_seed(tmp_path):
+    """A miniature run of the real training script, twice with one seed and once with another."""
+    from safetensors.numpy import load_file
+
+    first, again, other = _train(tmp_path, "a", 5), _train(tmp_path, "b", 5), _train(tmp_path, "c", 6)
+    for component in ("transformer/diffusion_pytorch_model", "vae/diffusion_pytorch_model", "text_encoder_2/model"):
+        a, b, c = (load_file(run / f"{component}.safetensors") for run in (first, again, other))
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), component
+        assert any(not np.array_equal(a[k], c[k]) for k in a), component
+    log = [json.loads(line) for line in (first / "train_log.jsonl").read_text().splitlines()]
+    assert {"vae", "latents", "transformer", "done"} <= {r["stage"] for r in log}
+    assert all(np.isfinite(r["loss"]) for r in log if r["stage"] == "transformer")
+    assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
