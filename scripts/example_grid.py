@@ -41,8 +41,8 @@ def main() -> None:
     draw, font = ImageDraw.Draw(grid), ImageFont.load_default()
     for index, prompt in enumerate(prompts):
         image = pipeline(prompt=prompt, height=64, width=64, num_inference_steps=spec.default_steps,
-                         **{spec.guidance_argument: spec.default_guidance}, generator=torch.Generator("cpu").manual_seed(args.seed),
-                         **spec.call_kwargs).images[0]
+                         generator=torch.Generator("cpu").manual_seed(args.seed),
+                         **{spec.guidance_argument: spec.default_guidance}, **spec.call_kwargs).images[0]
         x, y = (index % COLUMNS) * TILE, (index // COLUMNS) * (TILE + CAPTION)
         grid.paste(image.resize((TILE, TILE), Image.Resampling.NEAREST), (x, y))
         caption = "\n".join(textwrap.wrap(prompt.removeprefix("a "), 24)[:3])
