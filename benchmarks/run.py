@@ -112,13 +112,12 @@ class Bench:
         from tpu_demo.device import execution_mode, synchronize
         from tpu_demo.modes import ExecutionMode
 
-        kwargs = dict(self.spec.call_kwargs)
+        kwargs = self.spec.pipeline_kwargs(self.spec.default_guidance)
         if callback is not None:
             kwargs.update(callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"])
         with execution_mode(ExecutionMode(mode), self.engine.device), torch.inference_mode():
             output = self.pipeline(prompt=PROMPT, height=self.bucket.height, width=self.bucket.width,
                                    num_inference_steps=self.args.steps,
-                                   **{self.spec.guidance_argument: self.spec.default_guidance},
                                    generator=torch.Generator("cpu").manual_seed(seed), **kwargs)
             synchronize(self.engine.device)
         return output.images[0]

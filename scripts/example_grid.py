@@ -42,7 +42,7 @@ def main() -> None:
     for index, prompt in enumerate(prompts):
         image = pipeline(prompt=prompt, height=64, width=64, num_inference_steps=spec.default_steps,
                          generator=torch.Generator("cpu").manual_seed(args.seed),
-                         **{spec.guidance_argument: spec.default_guidance}, **spec.call_kwargs).images[0]
+                         **spec.pipeline_kwargs(spec.default_guidance)).images[0]
         x, y = (index % COLUMNS) * TILE, (index // COLUMNS) * (TILE + CAPTION)
         grid.paste(image.resize((TILE, TILE), Image.Resampling.NEAREST), (x, y))
         caption = "\n".join(textwrap.wrap(prompt.removeprefix("a "), 24)[:3])

@@ -191,6 +191,12 @@ def pipeline_with(pipe, weights: Trainable):
                          "text_encoder_2": weights.conditioning.text_encoder_2})
 
 
+def save_pipeline(pipe, path: Path) -> None:
+    """``save_pretrained`` (safetensors) plus the inference defaults the app and the evaluation use."""
+    pipe.save_pretrained(path, safe_serialization=True)
+    (path / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
+
+
 def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, clip_ids, t5_ids, rows, img_ids,
                       txt_ids, args, log, gen: torch.Generator) -> Trainable:
     model = Trainable(pipe.transformer, Conditioning(pipe.text_encoder, pipe.text_encoder_2))
@@ -236,8 +242,7 @@ def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, c
             bar.set_postfix(loss=f"{running:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             ckpt = args.output.with_name(args.output.name + ".ckpt")
-            pipeline_with(pipe, ema).save_pretrained(ckpt, safe_serialization=True)
-            (ckpt / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
+            save_pipeline(pipeline_with(pipe, ema), ckpt)
             log(stage="checkpoint", step=step + 1, path=str(ckpt))
     return ema
 
@@ -298,8 +303,7 @@ def main(argv=None):
         e, p, _ = pipe.encode_prompt(unique[:3], prompt_2=None, max_sequence_length=MAX_SEQUENCE_LENGTH)
     assert torch.allclose(e, embeds, atol=1e-5) and torch.allclose(p, pooled, atol=1e-5)
 
-    pipe.save_pretrained(args.output, safe_serialization=True)
-    (args.output / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
+    save_pipeline(pipe, args.output)
     timings["total_s"] = time.perf_counter() - t0
     info = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "timings": timings,
             "torch": torch.__version__, "shift_factor": shift, "scaling_factor": scale}

@@ -76,6 +76,15 @@ def launch_app(cache_dir):
         app.engine.close()
 
 
+def engine_images(engine, **fields) -> list:
+    """The ImageResult events of one validated request (``request_fields`` plus ``fields``)."""
+    from tpu_demo.events import ImageResult
+    from tpu_demo.request import validate_request
+
+    request = validate_request(request_fields(**fields))
+    return [event for event in engine.generate(request) if isinstance(event, ImageResult)]
+
+
 def request_fields(**overrides):
     """A valid /generate request for the tiny FLUX model; override any field."""
     fields = dict(prompt="a red circle on a white background", model="tiny-flux", mode="eager",

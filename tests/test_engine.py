@@ -3,21 +3,15 @@
 import numpy as np
 
 from tpu_demo.buckets import Bucket
-from tpu_demo.events import BucketState, ImageResult
+from tpu_demo.events import BucketState
 from tpu_demo.modes import ExecutionMode
-from tpu_demo.request import validate_request
 
-from conftest import request_fields
-
-
-def _images(engine, **fields):
-    request = validate_request(request_fields(**fields))
-    return [event for event in engine.generate(request) if isinstance(event, ImageResult)]
+from conftest import engine_images
 
 
 def test_returns_n_images_of_the_bucket_size_seeded_seed_plus_i(make_engine):
     engine = make_engine()
-    results = _images(engine, resolution="96x64", num_images=3, seed=10)
+    results = engine_images(engine, resolution="96x64", num_images=3, seed=10)
     assert [r.image.size for r in results] == [(96, 64)] * 3
     assert [r.seed for r in results] == [10, 11, 12]
     assert [r.index for r in results] == [0, 1, 2]
@@ -27,9 +21,9 @@ def test_returns_n_images_of_the_bucket_size_seeded_seed_plus_i(make_engine):
 
 def test_same_seed_same_pixels(make_engine):
     engine = make_engine()
-    first = _images(engine, seed=42)[0].image
-    again = _images(engine, seed=42)[0].image
-    other = _images(engine, seed=43)[0].image
+    first = engine_images(engine, seed=42)[0].image
+    again = engine_images(engine, seed=42)[0].image
+    other = engine_images(engine, seed=43)[0].image
     assert np.array_equal(np.asarray(first), np.asarray(again))
     assert not np.array_equal(np.asarray(first), np.asarray(other))
 
@@ -43,16 +37,16 @@ def test_compiled_mode_compiles_each_bucket_once_then_never(make_engine):
     for fields in (dict(resolution="64x64"), dict(resolution="64x64", num_inference_steps=5),
                    dict(resolution="128x128", seed=99), dict(resolution="128x128", prompt="another prompt"),
                    dict(resolution="64x64", num_images=2, seed=3)):
-        results = _images(engine, mode="compiled", **fields)
+        results = engine_images(engine, mode="compiled", **fields)
         assert all(r.warm and r.timings["compiles"] == 0 for r in results)
     assert engine.counter.count == after_warmup
 
 
 def test_cold_bucket_compiles_once_on_first_request(make_engine):
     engine = make_engine()
-    first = _images(engine, mode="compiled", resolution="128x128")[0]
+    first = engine_images(engine, mode="compiled", resolution="128x128")[0]
     assert not first.warm and first.timings["compiles"] == 1
-    second = _images(engine, mode="compiled", resolution="128x128", seed=5)[0]
+    second = engine_images(engine, mode="compiled", resolution="128x128", seed=5)[0]
     assert second.warm and second.timings["compiles"] == 0
     status = engine.bucket_status("tiny-flux", ExecutionMode.COMPILED, "128x128", False)
     assert status.state is BucketState.WARM and status.compiles == 1 and status.compile_seconds > 0
@@ -60,8 +54,8 @@ def test_cold_bucket_compiles_once_on_first_request(make_engine):
 
 def test_eager_and_compiled_agree(make_engine):
     engine = make_engine()
-    eager = np.asarray(_images(engine, mode="eager", seed=3)[0].image, dtype=float)
-    compiled = np.asarray(_images(engine, mode="compiled", seed=3)[0].image, dtype=float)
+    eager = np.asarray(engine_images(engine, mode="eager", seed=3)[0].image, dtype=float)
+    compiled = np.asarray(engine_images(engine, mode="compiled", seed=3)[0].image, dtype=float)
     assert np.abs(eager - compiled).max() <= 2  # same graph, up to float rounding in uint8
 
 

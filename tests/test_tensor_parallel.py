@@ -259,7 +259,7 @@ def test_float_output_matches_single_process(cache_dir, tmp_path):
         spec = get_spec(model_id)
         pipeline = load_pipeline(spec, detect_device("cpu"), cache_dir / "models")
         with torch.inference_mode():
-            single = pipeline(**FLOAT_CALL, guidance_scale=spec.default_guidance, **spec.call_kwargs,
+            single = pipeline(**FLOAT_CALL, **spec.pipeline_kwargs(spec.default_guidance),
                               generator=torch.Generator("cpu").manual_seed(7)).images[0]
         for rank in (0, 1):
             tp = np.load(tmp_path / f"{model_id}.rank{rank}.npy")

@@ -101,18 +101,14 @@ def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipelin
     """The engine's tiny-shapes call is the pipeline's true CFG call, pixel for pixel."""
     import torch
 
-    from tpu_demo.events import ImageResult
-    from tpu_demo.request import validate_request
-
-    from conftest import request_fields
+    from conftest import engine_images
 
     prompt = "a small green triangle at the top right on a black background"
     engine = make_engine()
 
     def engine_pixels(guidance: float) -> np.ndarray:
-        request = validate_request(request_fields(model="tiny-shapes", prompt=prompt, num_inference_steps=12,
-                                                  guidance_scale=guidance, seed=3))
-        [result] = [e for e in engine.generate(request) if isinstance(e, ImageResult)]
+        [result] = engine_images(engine, model="tiny-shapes", prompt=prompt, num_inference_steps=12,
+                                 guidance_scale=guidance, seed=3)
         return np.asarray(result.image, dtype=np.int16)
 
     guided, unguided = engine_pixels(3.0), engine_pixels(1.0)
@@ -125,11 +121,10 @@ def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipelin
 
 def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
     """The second (unconditional) transformer call per step has the same shapes: one graph."""
-    from tpu_demo.events import BucketState, ImageResult
+    from tpu_demo.events import BucketState
     from tpu_demo.modes import ExecutionMode
-    from tpu_demo.request import validate_request
 
-    from conftest import request_fields
+    from conftest import engine_images
 
     engine = make_engine()
     [warm] = engine.warmup("tiny-shapes", ExecutionMode.COMPILED)
@@ -138,9 +133,8 @@ def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
     for guidance, prompt in ((1.0, "a large red circle in the center on a white background"),
                              (3.0, "a small blue square at the top left on a gray background"),
                              (6.5, "a large yellow triangle at the bottom right on a black background")):
-        request = validate_request(request_fields(model="tiny-shapes", mode="compiled", prompt=prompt,
-                                                  num_inference_steps=4, guidance_scale=guidance))
-        results = [e for e in engine.generate(request) if isinstance(e, ImageResult)]
+        results = engine_images(engine, model="tiny-shapes", mode="compiled", prompt=prompt, num_inference_steps=4,
+                                guidance_scale=guidance)
         assert results and all(r.warm and r.timings["compiles"] == 0 for r in results)
     assert engine.counter.count == after_warmup
 

@@ -72,6 +72,10 @@ class ModelSpec:
     license_note: str = ""
     example_prompts_file: str = "prompts.txt"
 
+    def pipeline_kwargs(self, guidance: float) -> dict[str, object]:
+        """Keyword arguments of every pipeline call besides prompt, size, steps and generator."""
+        return {self.guidance_argument: guidance, **self.call_kwargs}
+
     @property
     def is_builtin(self) -> bool:
         return self.source.startswith(("builtin:", "assets:"))

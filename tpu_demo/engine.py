@@ -388,9 +388,9 @@ class Engine:
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
-                generator=torch.Generator("cpu").manual_seed(seed), **{loaded.spec.guidance_argument: guidance},
+                generator=torch.Generator("cpu").manual_seed(seed),
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.spec.call_kwargs)
+                **loaded.spec.pipeline_kwargs(guidance))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents, output.images[0], bucket)

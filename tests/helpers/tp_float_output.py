@@ -35,7 +35,7 @@ def main() -> None:
         spec = get_spec(model_id)
         pipeline = load_tensor_parallel_pipeline(spec, world, models_dir)
         with torch.inference_mode():
-            image = pipeline(**FLOAT_CALL, guidance_scale=spec.default_guidance, **spec.call_kwargs,
+            image = pipeline(**FLOAT_CALL, **spec.pipeline_kwargs(spec.default_guidance),
                              generator=torch.Generator("cpu").manual_seed(7)).images[0]
         np.save(out_dir / f"{model_id}.rank{world.rank}.npy", np.asarray(image, dtype=np.float32))
         if world.is_leader:  # which components really hold sharded (DTensor) weights
