@@ -2,12 +2,12 @@
 
 import sys
 
-from tpu_demo.compile_cache import use_compile_cache
-from tpu_demo.config import parse_config
+from tpu_demo.engine.compile_cache import use_compile_cache
+from tpu_demo.launch.config import parse_config
 
 if __name__ == "__main__":
     # Before torch is imported: torch-tpu reads its persistent compile cache location once, at init.
     use_compile_cache(parse_config(sys.argv[1:]).resolved_cache_dir)
-    from tpu_demo.serve import main
+    from tpu_demo.launch.cli import main
 
     main()

@@ -96,8 +96,8 @@ class Bench:
 
     def engine_request(self, **fields: Any) -> list[Any]:
         """One request through ``Engine.generate``, consumed to the end; returns its ImageResults."""
-        from tpu_demo.events import ImageResult
-        from tpu_demo.request import validate_request
+        from tpu_demo.core.events import ImageResult
+        from tpu_demo.core.request import validate_request
 
         request = validate_request(self.fields(**fields), self.app.ui.settings.limits)
         results = [event for event in self.engine.generate(request) if isinstance(event, ImageResult)]
@@ -110,7 +110,7 @@ class Bench:
         import torch
 
         from tpu_demo.device import execution_mode, synchronize
-        from tpu_demo.modes import ExecutionMode
+        from tpu_demo.core.modes import ExecutionMode
 
         kwargs = self.spec.pipeline_kwargs(self.spec.default_guidance)
         if callback is not None:
@@ -129,14 +129,15 @@ def measure_warm_vs_cold(bench: Bench) -> dict[str, Any]:
     """Per mode: the first request of the main bucket (compiles in compiled mode) vs steady state."""
     from benchmarks.measure import median, timed
 
-    from tpu_demo.modes import ExecutionMode
+    from tpu_demo.core.events import ShapeKey
+    from tpu_demo.core.modes import ExecutionMode
 
     figures = {}
     for mode in ExecutionMode:
         first: list[Any] = []
         cold = timed(lambda: first.extend(bench.engine_request(seed=1, mode=mode.value)))
         warm = [timed(lambda s=seed: bench.engine_request(seed=s, mode=mode.value)) for seed in range(2, 2 + bench.args.steady)]
-        status = bench.engine.bucket_status(bench.spec.id, mode, str(bench.bucket), False)
+        status = bench.engine.bucket_status(ShapeKey(bench.spec.id, mode.value, str(bench.bucket)))
         figures[mode.value] = {"cold_s": round(cold, 3), "warm_median_s": round(median(warm), 4),
                                "ratio": round(cold / median(warm), 2), "compiles_first": first[0].timings["compiles"],
                                "from_cache": status.from_cache, "described_as": bench.engine.mode_description(mode)}
@@ -172,7 +173,7 @@ def measure_previews(bench: Bench) -> dict[str, Any]:
     """The app's step preview (tpu_demo.previews) per step, against the denoising step it rides on."""
     from benchmarks.measure import interleaved_pairs, median, timed
 
-    from tpu_demo.previews import LatentPreviewer
+    from tpu_demo.engine.previews import LatentPreviewer
 
     steps, bucket = bench.args.steps, bench.bucket
     previewer = LatentPreviewer()
@@ -228,7 +229,7 @@ def measure_recompiles(bench: Bench) -> dict[str, Any]:
     counts, seeds, image counts, previews on/off) must compile nothing."""
     from benchmarks.measure import CompileWatch
 
-    from tpu_demo.modes import ExecutionMode
+    from tpu_demo.core.modes import ExecutionMode
 
     spec, steps = bench.spec, bench.args.steps
     for mode in ExecutionMode:  # compiled buckets are warm already; eager ones warm in one call each
@@ -333,9 +334,9 @@ def measure_throughput(bench: Bench, bare_image_s: float) -> dict[str, Any]:
 
 def measure_restart(args: argparse.Namespace, work_dir: Path, buckets: str) -> dict[str, Any]:
     """Start-up to all buckets warm: a cold process (empty compile cache), then a second one."""
-    from tpu_demo.catalog import get_spec
-    from tpu_demo.compile_cache import compile_cache_env
-    from tpu_demo.loading import resolve_source
+    from tpu_demo.core.catalog import get_spec
+    from tpu_demo.engine.compile_cache import compile_cache_env
+    from tpu_demo.models.loading import resolve_source
 
     cache_dir = work_dir / "restart-cache"
     resolve_source(get_spec(args.model), cache_dir / "models")  # build tiny models first: not compile time
@@ -385,7 +386,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     args.main_cache_dir = args.cache_dir or work_dir / "main-cache"
 
     import tpu_demo  # noqa: F401 - offline defaults before gradio/hub imports
-    from tpu_demo.compile_cache import use_compile_cache
+    from tpu_demo.engine.compile_cache import use_compile_cache
 
     use_compile_cache(args.main_cache_dir)  # before torch: torch-tpu reads it once at initialisation
 
@@ -393,11 +394,11 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     from diffusers.utils import logging as diffusers_logging
 
     from benchmarks.measure import median, peak_rss_bytes, rss_bytes
-    from tpu_demo.buckets import Bucket, parse_bucket_list
-    from tpu_demo.catalog import get_spec
-    from tpu_demo.config import parse_config
+    from tpu_demo.core.buckets import Bucket, parse_bucket_list
+    from tpu_demo.core.catalog import get_spec
+    from tpu_demo.launch.config import parse_config
     from tpu_demo.device import detect_device
-    from tpu_demo.serve import build_app, launch
+    from tpu_demo.launch.serve import build_app, launch
 
     diffusers_logging.set_verbosity_error()  # the tiny tokenizers' truncation notes would flood the output
     device = detect_device(args.device)

@@ -22,14 +22,14 @@ def main(argv: list[str]) -> int:
     app_flags = argv[argv.index("--") + 1:] if "--" in argv else []
 
     import tpu_demo  # noqa: F401 - offline defaults
-    from tpu_demo.compile_cache import use_compile_cache
-    from tpu_demo.config import parse_config
+    from tpu_demo.engine.compile_cache import use_compile_cache
+    from tpu_demo.launch.config import parse_config
 
     config = parse_config(app_flags)
     use_compile_cache(config.resolved_cache_dir)  # before torch, as app.py does
 
-    from tpu_demo.events import BucketState
-    from tpu_demo.serve import build_app, launch
+    from tpu_demo.core.events import BucketState
+    from tpu_demo.launch.serve import build_app, launch
 
     app = build_app(config)
     launch(app, prevent_thread_lock=True)

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tpu_demo import shapes_dataset  # noqa: E402
-from tpu_demo.shapes_eval import TARGETS, evaluate_pipeline, markdown_table  # noqa: E402
+from tiny_shapes import dataset as shapes_dataset  # noqa: E402
+from tiny_shapes.judge import TARGETS, evaluate_pipeline, markdown_table  # noqa: E402
 
 
 def load_pipeline(path: Path):
@@ -88,7 +88,7 @@ def main(argv=None):
     if args.grid:
         save_grid(scenes, trained["images"], args.grid)
     if not args.no_random:
-        from tpu_demo.shapes_model import build_shapes_pipeline
+        from tiny_shapes.model import build_shapes_pipeline
 
         config = pipe.transformer.config
         random_pipe = build_shapes_pipeline(

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
-from tpu_demo.catalog import ASSETS_DIR, get_spec  # noqa: E402
+from tpu_demo.core.catalog import ASSETS_DIR, get_spec  # noqa: E402
 from tpu_demo.device import detect_device  # noqa: E402
-from tpu_demo.loading import load_pipeline  # noqa: E402
+from tpu_demo.models.loading import load_pipeline  # noqa: E402
 
 TILE, CAPTION, COLUMNS = 128, 44, 4
 

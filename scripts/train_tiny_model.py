@@ -39,8 +39,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from tpu_demo import shapes_dataset  # noqa: E402
-from tpu_demo.shapes_model import MAX_SEQUENCE_LENGTH, build_shapes_pipeline  # noqa: E402
+from tiny_shapes import dataset as shapes_dataset  # noqa: E402
+from tiny_shapes.model import MAX_SEQUENCE_LENGTH, build_shapes_pipeline  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
 #: ``true_cfg_scale`` guides against the empty prompt, which caption dropout trained.

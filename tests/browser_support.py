@@ -51,8 +51,8 @@ def free_port() -> int:
 
 def start_app(*flags: str) -> tuple[Any, str]:
     """Build and launch the real app on a free loopback port; returns (app, url). Close with stop_app."""
-    from tpu_demo.config import parse_config
-    from tpu_demo.serve import build_app, launch
+    from tpu_demo.launch.config import parse_config
+    from tpu_demo.launch.serve import build_app, launch
 
     port = free_port()
     app = build_app(parse_config(["--port", str(port), *flags], environ={}))

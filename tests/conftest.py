@@ -32,7 +32,7 @@ def models_dir(cache_dir) -> Path:
 def make_engine(models_dir):
     """Build engines on this machine's device; closed after the test."""
     from tpu_demo.device import detect_device
-    from tpu_demo.engine import Engine, EngineConfig
+    from tpu_demo.engine.engine import Engine, EngineConfig
 
     engines = []
 
@@ -56,8 +56,8 @@ def free_port() -> int:
 @pytest.fixture
 def launch_app(cache_dir):
     """Start the real app (Gradio server on 127.0.0.1) from flags; returns (app, url)."""
-    from tpu_demo.config import parse_config
-    from tpu_demo.serve import build_app, launch
+    from tpu_demo.launch.config import parse_config
+    from tpu_demo.launch.serve import build_app, launch
 
     apps = []
 
@@ -78,8 +78,8 @@ def launch_app(cache_dir):
 
 def engine_images(engine, **fields) -> list:
     """The ImageResult events of one validated request (``request_fields`` plus ``fields``)."""
-    from tpu_demo.events import ImageResult
-    from tpu_demo.request import validate_request
+    from tpu_demo.core.events import ImageResult
+    from tpu_demo.core.request import validate_request
 
     request = validate_request(request_fields(**fields))
     return [event for event in engine.generate(request) if isinstance(event, ImageResult)]

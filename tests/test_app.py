@@ -39,10 +39,10 @@ def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
 
     app, url = launch_app("--model", "tiny-flux", "--mode", "compiled", "--buckets", "64x64,128x128")
     deadline = time.monotonic() + 180
-    table = app.ui.status_table("tiny-flux", "compiled")
+    table = app.ui.bucket_table("tiny-flux", "compiled")
     while table.count("warm") < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-        table = app.ui.status_table("tiny-flux", "compiled")
+        table = app.ui.bucket_table("tiny-flux", "compiled")
     rows = [line for line in table.splitlines() if line.startswith("| 64x64") or line.startswith("| 128x128")]
     assert len(rows) == 2 and all("warm" in row for row in rows), table
     compiled = app.engine.counter.count

@@ -1,20 +1,145 @@
-"""The layering the README promises: the UI never imports torch, the engine never imports Gradio."""
+"""The layering README and docs/architecture.md promise, checked on the source and on real imports.
 
+Layers, lowest first: ``core`` (plain data) -> ``device`` -> ``models`` -> ``distributed`` -> ``engine``;
+``web`` (Gradio) sits beside the engine and talks to it through ``core`` types only; ``launch``
+wires everything. Imports only go down, there is no cycle (function-level imports included),
+only ``device.py`` touches torch-tpu, and the runtime never imports the training package.
+"""
+
+from __future__ import annotations
+
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tpu_demo"
+
+#: what each layer may import from the package (itself included)
+ALLOWED = {
+    "offline": {"offline"},
+    "__init__": {"offline"},
+    "core": {"core"},
+    "device": {"core"},
+    "models": {"core", "device", "models"},
+    "distributed": {"core", "device", "models", "distributed"},
+    "engine": {"core", "device", "models", "distributed", "engine"},
+    "web": {"core", "web"},
+    "launch": {"core", "device", "models", "distributed", "engine", "web", "launch", "offline"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, only for type checking) for every import in the file, at any depth."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_checking: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_checking.update(id(child) for child in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in type_checking) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, id(node) in type_checking))
+            found += [(f"{node.module}.{alias.name}", id(node) in type_checking) for alias in node.names]
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        graph[module] = {name for name, typing_only in _imports(path) if name in modules and not typing_only}
+    return graph
+
+
+def test_no_relative_imports():
+    """Absolute imports name the layer they come from."""
+    relative = [str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py")
+                if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(path.read_text())))]
+    assert relative == []
+
+
+def test_import_graph_has_no_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append(trail[trail.index(target):] + [target] if target in trail else [module, target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_imports_only_go_down():
+    graph = _graph()
+    upward = [f"{module} -> {target}" for module, targets in graph.items() for target in targets
+              if _layer(target) not in ALLOWED[_layer(module)]]
+    assert upward == []
+
+
+@pytest.mark.parametrize("module", sorted(_graph()))
+def test_every_module_belongs_to_a_layer(module):
+    assert _layer(module) in ALLOWED
+
+
+def test_only_device_module_touches_torch_tpu():
+    touching = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {name for name, _ in _imports(path)}
+        uses_torch_tpu = any(isinstance(n, ast.Attribute) and ast.unparse(n).startswith("torch.tpu") for n in ast.walk(tree))
+        if any(name.startswith("torch_tpu") for name in names) or uses_torch_tpu:
+            touching.append(_module_name(path))
+    assert touching == ["tpu_demo.device"]
+
+
+def test_runtime_never_imports_the_training_package():
+    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if any(n.startswith("tiny_shapes") for n, _ in _imports(p))]
+    assert users == []
 
 
 def _modules_after_import(module: str) -> set[str]:
     code = f"import sys, {module}; print(' '.join(sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=ROOT)
     return set(out.stdout.split())
 
 
-def test_ui_layer_imports_no_torch():
-    modules = _modules_after_import("tpu_demo.ui")
+def test_web_layer_imports_no_torch():
+    modules = _modules_after_import("tpu_demo.web.page, tpu_demo.web.handlers, tpu_demo.web.health")
     assert "gradio" in modules and "torch" not in modules
 
 
 def test_engine_imports_no_gradio():
-    modules = _modules_after_import("tpu_demo.engine")
+    modules = _modules_after_import("tpu_demo.engine.engine")
     assert "torch" in modules and "gradio" not in modules
+
+
+def test_compile_cache_is_importable_before_torch():
+    """app.py points the compile caches at their directory before torch (and torch-tpu) initialise."""
+    modules = _modules_after_import("tpu_demo.engine.compile_cache, tpu_demo.launch.config")
+    assert "torch" not in modules

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from benchmarks.measure import CompileWatch, interleaved_pairs, peak_rss_bytes, rss_bytes
-from tpu_demo import compile_cache
-from tpu_demo.compile_counter import CompileCounter
+from tpu_demo.engine import compile_cache
+from tpu_demo.engine.compile_counter import CompileCounter
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,11 +2,12 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tpu_demo.buckets import Bucket, BucketError, parse_bucket_list
-from tpu_demo.config import parse_config
+from tpu_demo.core.buckets import Bucket, BucketError, parse_bucket_list
+from tpu_demo.launch.config import parse_config
 
 
 def test_parse_bucket():
@@ -57,3 +58,22 @@ def test_bad_environment_value_exits_2():
     with pytest.raises(SystemExit) as exit_info:
         parse_config([], environ={"TPU_DEMO_MODE": "turbo"})
     assert exit_info.value.code == 2
+
+
+def test_flags_doc_is_the_current_help_text():
+    """docs/flags.md is generated from the flags' one declaration; regenerate with scripts/flags_doc.py."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from flags_doc import render
+
+    assert (Path(__file__).resolve().parents[1] / "docs" / "flags.md").read_text(encoding="utf-8") == render()
+
+
+def test_limits_default_to_the_layers_own_defaults():
+    """One source of truth: a flag's default is the limit type's default, not a copy of it."""
+    from tpu_demo.core.request import RequestLimits
+    from tpu_demo.web.admission import AdmissionLimits
+
+    config = parse_config([], environ={})
+    assert (config.max_images, config.max_prompt_chars) == (RequestLimits().max_images, RequestLimits().max_prompt_chars)
+    assert (config.max_queue, config.max_per_session, config.max_per_ip) == (
+        AdmissionLimits().max_waiting, AdmissionLimits().max_per_session, AdmissionLimits().max_per_ip)

@@ -7,12 +7,12 @@ import psutil
 import pytest
 from gradio_client import Client
 
-from tpu_demo.catalog import CATALOG, CatalogError, ModelSpec, Placement, REAL_MODEL_IDS, TINY_MODEL_IDS
+from tpu_demo.core.catalog import CATALOG, CatalogError, ModelSpec, Placement, REAL_MODEL_IDS, TINY_MODEL_IDS
 from tpu_demo.device import DeviceInfo
-from tpu_demo.events import ImageResult
-from tpu_demo.modes import ExecutionMode
-from tpu_demo.placement import choose_placement
-from tpu_demo.request import validate_request
+from tpu_demo.core.events import ImageResult
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.models.placement import choose_placement
+from tpu_demo.core.request import validate_request
 
 from conftest import request_fields
 
@@ -123,12 +123,12 @@ def test_unlisted_missing_and_tp_only_models_get_clear_errors(launch_app, tmp_pa
 
 def test_per_model_defaults_in_the_ui(launch_app):
     app, _ = launch_app("--no-warmup", "--models", "tiny-flux,tiny-sd3")
-    resolution, steps, guidance, header, details = app.ui.on_model_change("tiny-sd3", "eager")
+    resolution, steps, guidance, header, details = app.ui.switch_model("tiny-sd3", "eager")
     spec = CATALOG["tiny-sd3"]
     assert resolution["value"] == str(spec.buckets[0])
     assert (steps["value"], steps["maximum"]) == (spec.default_steps, spec.max_steps)
     assert guidance["value"] == 4.5 and guidance["interactive"] is True
-    *_, header, details = app.ui.on_model_change("tiny-flux", "eager")
-    guidance = app.ui.on_model_change("tiny-flux", "eager")[2]
+    *_, header, details = app.ui.switch_model("tiny-flux", "eager")
+    guidance = app.ui.switch_model("tiny-flux", "eager")[2]
     assert guidance["interactive"] is False and guidance["value"] == 0.0  # fixed, shown but not editable
     assert "Placement" in details and "whole on device" in details

@@ -8,7 +8,7 @@ import torch
 
 from tpu_demo.device import (describe_mode, detect_device, distributed_backend, execution_mode,
                              compile_backend_name)
-from tpu_demo.modes import ExecutionMode
+from tpu_demo.core.modes import ExecutionMode
 
 
 def test_detects_cpu_here():

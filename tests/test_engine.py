@@ -2,9 +2,10 @@
 
 import numpy as np
 
-from tpu_demo.buckets import Bucket
-from tpu_demo.events import BucketState
-from tpu_demo.modes import ExecutionMode
+from tpu_demo.core.buckets import Bucket
+from tpu_demo.core.events import BucketState
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.events import ShapeKey
 
 from conftest import engine_images
 
@@ -48,7 +49,7 @@ def test_cold_bucket_compiles_once_on_first_request(make_engine):
     assert not first.warm and first.timings["compiles"] == 1
     second = engine_images(engine, mode="compiled", resolution="128x128", seed=5)[0]
     assert second.warm and second.timings["compiles"] == 0
-    status = engine.bucket_status("tiny-flux", ExecutionMode.COMPILED, "128x128", False)
+    status = engine.bucket_status(ShapeKey("tiny-flux", ExecutionMode.COMPILED.value, "128x128"))
     assert status.state is BucketState.WARM and status.compiles == 1 and status.compile_seconds > 0
 
 

@@ -21,11 +21,12 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
 from PIL import Image
 
-from tpu_demo.config import parse_config
-from tpu_demo.events import BucketState, ImageResult
-from tpu_demo.modes import ExecutionMode
-from tpu_demo.request import validate_request
-from tpu_demo.serve import build_app, launch
+from tpu_demo.launch.config import parse_config
+from tpu_demo.core.events import BucketState, ImageResult
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.events import ShapeKey
+from tpu_demo.core.request import validate_request
+from tpu_demo.launch.serve import build_app, launch
 
 from conftest import free_port, request_fields
 
@@ -375,7 +376,7 @@ def test_a_failed_bucket_warmup_marks_only_that_bucket(start_app):
         states = app.engine.warmup("tiny-flux", ExecutionMode.EAGER)
         assert [(s.resolution, s.state) for s in states] == [
             ("64x64", BucketState.WARM), ("128x128", BucketState.FAILED), ("96x64", BucketState.WARM)]
-        panel = app.ui.status_table("tiny-flux", "eager")
+        panel = app.ui.bucket_table("tiny-flux", "eager")
         failed_row = next(line for line in panel.splitlines() if line.startswith("| 128x128"))
         assert "failed" in failed_row and "injected warmup failure" in failed_row
         health = httpx.get(url + "health").json()
@@ -387,7 +388,7 @@ def test_a_failed_bucket_warmup_marks_only_that_bucket(start_app):
     # the failed bucket is tried again on demand once the fault is gone
     (item,) = client.predict(**request_fields(resolution="128x128", **GOOD), api_name="/generate")
     assert Image.open(item["image"]).size == (128, 128)
-    assert app.engine.bucket_status("tiny-flux", ExecutionMode.EAGER, "128x128", False).state is BucketState.WARM
+    assert app.engine.bucket_status(ShapeKey("tiny-flux", ExecutionMode.EAGER.value, "128x128")).state is BucketState.WARM
 
 
 # ---- 3b. a client that goes away frees the device -------------------------------------------
@@ -439,7 +440,7 @@ def test_loading_and_compiling_do_not_count_against_the_time_limit(start_app):
     client = Client(url, verbose=False)
     started = time.monotonic()
     (item,) = client.predict(**request_fields(mode="compiled", **GOOD), api_name="/generate")
-    status = app.engine.bucket_status("tiny-flux", ExecutionMode.COMPILED, "64x64", False)
+    status = app.engine.bucket_status(ShapeKey("tiny-flux", ExecutionMode.COMPILED.value, "64x64"))
     print(f"cold compiled request: {time.monotonic() - started:.2f}s, compile {status.compile_seconds}s")
     assert status.state is BucketState.WARM and status.compile_seconds > 0.5  # longer than the limit
     assert "compiled first" in item["caption"]
@@ -480,7 +481,7 @@ def test_the_api_names_no_paths_repos_or_files(server):
 
 
 def test_no_pickle_and_no_remote_code_in_the_loading_path():
-    sources = {path.name: path.read_text() for path in (REPO / "tpu_demo").glob("*.py")}
+    sources = {path.name: path.read_text() for path in (REPO / "tpu_demo").rglob("*.py")}
     for name, text in sources.items():
         assert "trust_remote_code=True" not in text, name
         assert "torch.load(" not in text and "import pickle" not in text, name
@@ -496,7 +497,7 @@ def test_health_reports_device_models_buckets_and_queue_without_paths(server, ca
     health = response.json()
     assert health["status"] == "ok" and health["device"]["kind"] == "cpu"
     assert "tiny-flux" in health["models_loaded"] and health["warm_buckets"] >= 1
-    assert {"model": "tiny-flux", "mode": "eager", "resolution": "64x64", "cfg": False, "state": "warm"}.items() \
+    assert {"model": "tiny-flux", "mode": "eager", "resolution": "64x64", "batch": 1, "state": "warm"}.items() \
         <= next(b for b in health["buckets"]
                 if b["model"] == "tiny-flux" and b["resolution"] == "64x64" and b["mode"] == "eager").items()
     assert health["queue_length"] == 0 and health["busy"] is False

@@ -8,8 +8,7 @@ import numpy as np
 from gradio_client import Client
 from PIL import Image
 
-from tpu_demo import pngmeta
-
+from tpu_demo.core import pngmeta
 from conftest import request_fields
 
 

@@ -96,7 +96,7 @@ class TensorParallelServer:
 
 
 def test_tensor_parallel_flags_and_environment():
-    from tpu_demo.config import parse_config
+    from tpu_demo.launch.config import parse_config
 
     config = parse_config(["--tensor-parallel", "--tp-timeout", "5"], environ={})
     assert config.tensor_parallel and config.tp_timeout == 5.0
@@ -107,7 +107,7 @@ def test_tensor_parallel_flags_and_environment():
 
 def _built(cache_dir: Path) -> None:
     """Build the tiny models here first, so no rank writes them while another reads."""
-    from tpu_demo.tiny_models import ensure_tiny_pipeline
+    from tpu_demo.models.tiny_models import ensure_tiny_pipeline
 
     for name in ("tiny-flux2", "tiny-flux"):
         ensure_tiny_pipeline(name, cache_dir / "models" / name)
@@ -134,8 +134,8 @@ def _wait_for_denoising(job, seconds: float = 60) -> None:
 
 
 def _single_process_pixels(make_engine, **fields) -> np.ndarray:
-    from tpu_demo.events import ImageResult
-    from tpu_demo.request import validate_request
+    from tpu_demo.core.events import ImageResult
+    from tpu_demo.core.request import validate_request
 
     engine = make_engine()
     request = validate_request(request_fields(**fields))
@@ -240,9 +240,9 @@ def test_float_output_matches_single_process(cache_dir, tmp_path):
     """Both ranks' float images (output_type="np") equal the single-process one within 1e-4."""
     import torch
 
-    from tpu_demo.catalog import get_spec
+    from tpu_demo.core.catalog import get_spec
     from tpu_demo.device import detect_device
-    from tpu_demo.loading import load_pipeline
+    from tpu_demo.models.loading import load_pipeline
 
     sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from tp_float_output import FLOAT_CALL

@@ -12,9 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
-from tpu_demo import shapes_dataset as sd
-from tpu_demo.catalog import get_spec
-from tpu_demo.shapes_eval import METRICS, TARGETS, analyze, evaluate_pipeline, score
+from tiny_shapes import dataset as sd
+from tpu_demo.core.catalog import get_spec
+from tiny_shapes.judge import METRICS, TARGETS, analyze, evaluate_pipeline, score
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "models" / "tiny-shapes"
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "tiny_shapes_prompts.txt"
@@ -121,8 +121,8 @@ def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipelin
 
 def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
     """The second (unconditional) transformer call per step has the same shapes: one graph."""
-    from tpu_demo.events import BucketState
-    from tpu_demo.modes import ExecutionMode
+    from tpu_demo.core.events import BucketState
+    from tpu_demo.core.modes import ExecutionMode
 
     from conftest import engine_images
 
@@ -158,7 +158,7 @@ def test_held_out_subset_meets_the_targets(held_out_subset_result):
 
 def test_random_weights_are_at_chance_on_the_same_subset(held_out_subset_result):
     """The same evaluation fails an untrained pipeline of the same architecture: it measures the training."""
-    from tpu_demo.shapes_model import build_shapes_pipeline
+    from tiny_shapes.model import build_shapes_pipeline
 
     subset, _ = held_out_subset_result
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())

@@ -1,5 +1,5 @@
 """TPU diffusion demo: a Gradio app serving diffusers pipelines on TPU (torch-tpu), CUDA or CPU."""
 
-from .offline import apply_offline_defaults
+from tpu_demo.offline import apply_offline_defaults
 
 apply_offline_defaults()

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from .modes import ExecutionMode
+from tpu_demo.core.modes import ExecutionMode
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 import tpu_demo  # noqa: E402,F401 - offline defaults
-from tpu_demo.catalog import get_spec  # noqa: E402
+from tpu_demo.core.catalog import get_spec  # noqa: E402
 from tpu_demo.device import detect_device  # noqa: E402
-from tpu_demo.tensor_parallel import init_tensor_parallel, load_tensor_parallel_pipeline  # noqa: E402
+from tpu_demo.distributed.group import init_tensor_parallel, load_tensor_parallel_pipeline  # noqa: E402
 
 FLOAT_CALL = dict(prompt="a red circle on a white background", height=64, width=64, num_inference_steps=2,
                   output_type="np")

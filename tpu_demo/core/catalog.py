@@ -1,0 +1,208 @@
+"""The model catalog: everything the app knows about each model, as data.
+
+Code elsewhere reads these fields; it never branches on a model's name. Adding a model means
+adding an entry here. Sizes are approximate bf16 gigabytes per component (they drive the
+automatic placement); the tiny stand-ins are measured at load time instead.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from tpu_demo.core.buckets import Bucket
+
+#: Where committed assets (prompts, trained tiny weights) live.
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
+
+_PIPELINE_CLASSES = frozenset({"FluxPipeline", "StableDiffusion3Pipeline", "Flux2Pipeline"})
+_GUIDANCE_ARGUMENTS = frozenset({"guidance_scale", "true_cfg_scale"})
+
+
+class Placement(str, enum.Enum):
+    """How a model's components are put on the device(s)."""
+
+    WHOLE = "whole"  # pipe.to(device); compiled mode compiles the full transformer
+    OFFLOAD = "offload"  # enable_model_cpu_offload(); compiled mode compiles repeated blocks
+    TENSOR_PARALLEL = "tensor-parallel"  # transformer/text encoder sharded over chips (torchrun)
+
+
+class CatalogError(ValueError):
+    """A catalog entry that cannot work."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model the app can serve."""
+
+    id: str
+    title: str
+    pipeline_class: str
+    #: hub repo id ("org/name"), "builtin:<name>" (tiny random stand-in built offline) or
+    #: "assets:<dir>" (weights committed under assets/).
+    source: str
+    default_steps: int
+    max_steps: int
+    default_guidance: float
+    buckets: tuple[Bucket, ...]
+    placements: tuple[Placement, ...]
+    #: approximate size in GB of each component in ``accelerator_dtype``
+    component_gb: Mapping[str, float] = field(default_factory=dict)
+    min_steps: int = 1
+    #: None means guidance is fixed at ``default_guidance`` (e.g. FLUX.1-schnell, distilled)
+    guidance_range: tuple[float, float] | None = (0.0, 20.0)
+    #: True when guidance > 1 runs classifier-free guidance by doubling the batch (SD3): another static shape
+    cfg_doubles_batch: bool = False
+    #: the pipeline argument the guidance control sets: ``guidance_scale`` (distilled guidance, or
+    #: SD3's CFG) or ``true_cfg_scale`` (FluxPipeline's true CFG against ``negative_prompt``: a
+    #: second transformer call per step at batch 1, so no new shape)
+    guidance_argument: str = "guidance_scale"
+    accelerator_dtype: str = "bfloat16"
+    cpu_dtype: str = "float32"
+    #: extra keyword arguments for every pipeline call (static text length etc.)
+    call_kwargs: Mapping[str, object] = field(default_factory=dict)
+    #: image side lengths must be multiples of this (vae_scale_factor * patch packing)
+    size_multiple: int = 16
+    #: transformer block classes compiled one by one under CPU offload; empty: the model's own
+    #: ``_repeated_blocks`` (SD3's transformer declares none)
+    repeated_blocks: tuple[str, ...] = ()
+    license_note: str = ""
+    example_prompts_file: str = "prompts.txt"
+
+    def pipeline_kwargs(self, guidance: float) -> dict[str, object]:
+        """Keyword arguments of every pipeline call besides prompt, size, steps and generator."""
+        return {self.guidance_argument: guidance, **self.call_kwargs}
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.source.startswith(("builtin:", "assets:"))
+
+    @property
+    def hub_repo(self) -> str | None:
+        return None if self.is_builtin else self.source
+
+    @property
+    def guidance_fixed(self) -> bool:
+        return self.guidance_range is None
+
+    @property
+    def total_gb(self) -> float:
+        return sum(self.component_gb.values())
+
+    @property
+    def largest_component(self) -> tuple[str, float]:
+        return max(self.component_gb.items(), key=lambda item: item[1], default=("transformer", 0.0))
+
+    def with_buckets(self, buckets: tuple[Bucket, ...]) -> "ModelSpec":
+        from dataclasses import replace
+
+        return replace(self, buckets=buckets)
+
+    def validate(self) -> "ModelSpec":
+        """Raise CatalogError naming the entry and the field when the entry cannot work."""
+        problems = []
+        if self.pipeline_class not in _PIPELINE_CLASSES:
+            problems.append(f"pipeline_class {self.pipeline_class!r} is not one of {sorted(_PIPELINE_CLASSES)}")
+        if not (1 <= self.min_steps <= self.default_steps <= self.max_steps):
+            problems.append(f"steps need 1 <= min_steps <= default_steps <= max_steps, got "
+                            f"{self.min_steps}, {self.default_steps}, {self.max_steps}")
+        if self.guidance_argument not in _GUIDANCE_ARGUMENTS:
+            problems.append(f"guidance_argument {self.guidance_argument!r} is not one of {sorted(_GUIDANCE_ARGUMENTS)}")
+        if not self.buckets:
+            problems.append("buckets is empty")
+        for bucket in self.buckets:
+            if bucket.width % self.size_multiple or bucket.height % self.size_multiple:
+                problems.append(f"bucket {bucket} is not a multiple of {self.size_multiple}")
+        if not self.placements:
+            problems.append("placements is empty")
+        if self.guidance_range is not None:
+            low, high = self.guidance_range
+            if not low <= self.default_guidance <= high:
+                problems.append(f"default_guidance {self.default_guidance} is outside {self.guidance_range}")
+        if not (self.is_builtin or "/" in self.source):
+            problems.append(f"source {self.source!r} is neither builtin:, assets: nor a hub repo id")
+        if problems:
+            raise CatalogError(f"catalog entry {self.id!r}: " + "; ".join(problems))
+        return self
+
+
+def _buckets(*labels: str) -> tuple[Bucket, ...]:
+    return tuple(Bucket.parse(label) for label in labels)
+
+
+_REAL_BUCKETS = _buckets("1024x1024", "1152x896", "896x1152", "1344x768", "768x1344")
+_TINY_BUCKETS = _buckets("64x64", "128x128", "96x64", "64x96")
+
+_ENTRIES = (
+    ModelSpec(
+        id="tiny-shapes", title="Tiny Shapes (trained here on CPU, draws its prompt)", pipeline_class="FluxPipeline",
+        source="assets:models/tiny-shapes", default_steps=12, max_steps=50, default_guidance=3.0,
+        guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_buckets("64x64"), size_multiple=8,
+        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        call_kwargs={"max_sequence_length": 32, "negative_prompt": ""}, example_prompts_file="tiny_shapes_prompts.txt",
+    ),
+    ModelSpec(
+        id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",
+        source="builtin:tiny-flux", default_steps=4, max_steps=50, default_guidance=0.0,
+        guidance_range=None, buckets=_TINY_BUCKETS,
+        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        call_kwargs={"max_sequence_length": 77},
+    ),
+    ModelSpec(
+        id="tiny-sd3", title="Tiny SD3 (random weights, offline)", pipeline_class="StableDiffusion3Pipeline",
+        source="builtin:tiny-sd3", default_steps=4, max_steps=50, default_guidance=4.5,
+        guidance_range=(0.0, 20.0), cfg_doubles_batch=True, buckets=_TINY_BUCKETS,
+        placements=(Placement.WHOLE, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 77},
+        repeated_blocks=("JointTransformerBlock",),
+    ),
+    ModelSpec(
+        id="tiny-flux2", title="Tiny FLUX.2 (random weights, offline)", pipeline_class="Flux2Pipeline",
+        source="builtin:tiny-flux2", default_steps=4, max_steps=50, default_guidance=4.0,
+        guidance_range=(0.0, 20.0), buckets=_TINY_BUCKETS,
+        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        call_kwargs={"max_sequence_length": 77},
+    ),
+    ModelSpec(
+        id="flux.1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
+        source="black-forest-labs/FLUX.1-schnell", default_steps=4, min_steps=1, max_steps=8,
+        default_guidance=0.0, guidance_range=None, buckets=_REAL_BUCKETS,
+        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        component_gb={"transformer": 23.8, "text_encoder_2": 9.5, "text_encoder": 0.25, "vae": 0.17},
+        call_kwargs={"max_sequence_length": 256}, license_note="Apache-2.0",
+    ),
+    ModelSpec(
+        id="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
+        source="stabilityai/stable-diffusion-3.5-medium", default_steps=40, max_steps=80,
+        default_guidance=4.5, guidance_range=(0.0, 20.0), cfg_doubles_batch=True, buckets=_REAL_BUCKETS,
+        placements=(Placement.WHOLE, Placement.OFFLOAD),
+        component_gb={"transformer": 4.9, "text_encoder_3": 9.5, "text_encoder_2": 1.4,
+                      "text_encoder": 0.25, "vae": 0.17},
+        repeated_blocks=("JointTransformerBlock",),
+        license_note="gated: accept the license on the hub and set HF_TOKEN",
+    ),
+    ModelSpec(
+        id="flux.2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
+        source="black-forest-labs/FLUX.2-dev", default_steps=28, max_steps=60, default_guidance=4.0,
+        guidance_range=(0.0, 20.0), buckets=_REAL_BUCKETS, placements=(Placement.TENSOR_PARALLEL,),
+        component_gb={"transformer": 64.0, "text_encoder": 48.0, "vae": 0.17},
+        license_note="gated: accept the license on the hub and set HF_TOKEN",
+    ),
+)
+
+#: Every model the app knows, by id. Read-only.
+CATALOG: Mapping[str, ModelSpec] = MappingProxyType({spec.id: spec.validate() for spec in _ENTRIES})
+
+TINY_MODEL_IDS: tuple[str, ...] = tuple(spec.id for spec in _ENTRIES if spec.is_builtin)
+REAL_MODEL_IDS: tuple[str, ...] = tuple(spec.id for spec in _ENTRIES if not spec.is_builtin)
+DEFAULT_MODEL_ID = "tiny-shapes"
+
+
+def get_spec(model_id: str, offered: tuple[str, ...] | None = None) -> ModelSpec:
+    """The entry for ``model_id``; KeyError with a clear message if unknown or not offered."""
+    if model_id not in CATALOG or (offered is not None and model_id not in offered):
+        choices = ", ".join(offered if offered is not None else CATALOG)
+        raise KeyError(f"{str(model_id)[:60]!r} is not offered here; choose one of: {choices}")
+    return CATALOG[model_id]

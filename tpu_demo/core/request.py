@@ -1,0 +1,163 @@
+"""The engine's request type, validated on the server for every caller (UI or API).
+
+A public demo's API can be called directly with anything, bypassing the UI's sliders, so every
+field is checked here before anything reaches the device. Each violation raises RequestError
+naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from tpu_demo.core.buckets import Bucket, BucketError
+from tpu_demo.core.catalog import ModelSpec, get_spec
+from tpu_demo.core.modes import ExecutionMode
+
+MAX_SEED = 2**32 - 1
+
+
+class RequestError(ValueError):
+    """A request field with a bad value; ``str()`` is safe to show to users."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Operator limits on what one request may ask for."""
+
+    max_prompt_chars: int = 1000
+    max_images: int = 4
+    offered_models: tuple[str, ...] | None = None
+    offered_modes: tuple[ExecutionMode, ...] = tuple(ExecutionMode)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated generation: ``num_images`` images, image i seeded with ``seed + i``."""
+
+    prompt: str
+    model: str
+    mode: ExecutionMode
+    width: int
+    height: int
+    num_inference_steps: int
+    guidance_scale: float
+    seed: int
+    num_images: int = 1
+    #: stream latent previews while denoising (never changes the final pixels)
+    previews: bool = True
+
+    @property
+    def bucket(self) -> Bucket:
+        return Bucket(self.width, self.height)
+
+    @property
+    def resolution(self) -> str:
+        return str(self.bucket)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["mode"] = self.mode.value
+        return data
+
+
+def _integer(field: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or value is None:
+        raise RequestError(field, f"must be an integer from {low} to {high}, got {type(value).__name__}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise RequestError(field, f"must be a whole number from {low} to {high}, got {value!r}")
+        value = int(value)
+    elif isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise RequestError(field, f"must be an integer from {low} to {high}, got {value[:20]!r}") from None
+    elif not isinstance(value, int):
+        raise RequestError(field, f"must be an integer from {low} to {high}, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise RequestError(field, f"must be from {low} to {high}, got {value}")
+    return value
+
+
+def _number(field: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise RequestError(field, f"must be a number from {low} to {high}, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise RequestError(field, f"must be a number from {low} to {high}, got {str(value)[:20]!r}") from None
+    if not math.isfinite(number) or not low <= number <= high:
+        raise RequestError(field, f"must be from {low} to {high}, got {str(value)[:20]}")
+    return number
+
+
+def _boolean(field: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1) and not isinstance(value, float):
+        return bool(value)
+    raise RequestError(field, f"must be true or false, got {str(value)[:20]!r}")
+
+
+def _prompt(value: Any, max_chars: int) -> str:
+    if not isinstance(value, str):
+        raise RequestError("prompt", f"must be text, got {type(value).__name__}")
+    prompt = value.strip()
+    if not prompt:
+        raise RequestError("prompt", "is empty; describe the image you want")
+    if len(prompt) > max_chars:
+        raise RequestError("prompt", f"is {len(prompt)} characters long; the limit is {max_chars}")
+    if any(unicodedata.category(char) in ("Cc", "Cs", "Co") and char not in "\n\t" for char in prompt):
+        raise RequestError("prompt", "contains control or unprintable characters; use plain text")
+    return prompt
+
+
+def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimits()) -> GenerationRequest:
+    """Check every field of a raw request (from the UI or the API) against the model's limits."""
+    model_id = raw.get("model")
+    if not isinstance(model_id, str):
+        raise RequestError("model", f"must be a model id, got {type(model_id).__name__}")
+    try:
+        spec: ModelSpec = get_spec(model_id, limits.offered_models)
+    except KeyError as error:
+        raise RequestError("model", str(error.args[0])) from None
+    mode_value = raw.get("mode")
+    offered_modes = ", ".join(mode.value for mode in limits.offered_modes)
+    try:
+        mode = ExecutionMode(mode_value)
+    except ValueError:
+        raise RequestError("mode", f"{str(mode_value)[:40]!r} is not a mode; choose one of: {offered_modes}") from None
+    if mode not in limits.offered_modes:
+        raise RequestError("mode", f"{mode.value!r} is not offered here; choose one of: {offered_modes}")
+    try:
+        bucket = Bucket.parse(raw.get("resolution", ""), spec.size_multiple)
+    except BucketError as error:
+        raise RequestError("resolution", str(error)) from None
+    if bucket not in spec.buckets:
+        allowed = ", ".join(str(b) for b in spec.buckets)
+        raise RequestError("resolution", f"{bucket} is not served for {spec.id}; choose one of: {allowed}")
+    steps = _integer("num_inference_steps", raw.get("num_inference_steps", spec.default_steps),
+                     spec.min_steps, spec.max_steps)
+    if spec.guidance_range is None:
+        guidance = spec.default_guidance  # fixed by the model (e.g. distilled schnell): not an input
+    else:
+        guidance = _number("guidance_scale", raw.get("guidance_scale", spec.default_guidance), *spec.guidance_range)
+    return GenerationRequest(
+        prompt=_prompt(raw.get("prompt"), limits.max_prompt_chars),
+        model=spec.id,
+        mode=mode,
+        width=bucket.width,
+        height=bucket.height,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        seed=_integer("seed", raw.get("seed", 0), 0, MAX_SEED),
+        num_images=_integer("num_images", raw.get("num_images", 1), 1, limits.max_images),
+        previews=_boolean("previews", raw.get("previews", True)),
+    )

@@ -1,0 +1,1 @@
+"""Tensor parallelism over chips: the process group and mesh, lockstep serving, the CPU test shim."""

@@ -1,0 +1,323 @@
+"""The engine: loads each model once, keeps a warm compiled graph per bucket, runs requests.
+
+All device work runs on one worker thread, one job at a time, so two pipelines never run at
+once on the device and background warmup interleaves with requests between buckets. A
+request is a generator of events (compiling, step progress, image done, stopped) fed by that
+thread through a queue, so callers see each image the moment it exists.
+
+This module knows nothing of Gradio; device specifics come from ``tpu_demo.device``, model
+knowledge from the catalog. Its parts: ``model_pool`` (loading, eviction), ``bucket_book``
+(shape states, compile records), ``step_observer`` (inside the denoising loop),
+``image_record`` (timings and the settings written into each PNG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from tpu_demo.core import pngmeta
+from tpu_demo.core.buckets import Bucket
+from tpu_demo.core.catalog import CATALOG, ModelSpec, Placement, get_spec
+from tpu_demo.core.errors import EngineError
+from tpu_demo.core.events import BucketStatus, Compiling, EngineStatus, ImageResult, ShapeKey, Stopped
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.request import GenerationRequest
+from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
+                             synchronize)
+from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall
+from tpu_demo.engine.bucket_book import BucketBook
+from tpu_demo.engine.compile_counter import CompileCounter
+from tpu_demo.engine.errors import user_message
+from tpu_demo.engine.image_record import image_parameters, image_timings
+from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
+from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
+from tpu_demo.models.placement import compile_for_placement, describe_placement
+
+__all__ = ["Engine", "EngineConfig", "EngineError"]
+
+log = logging.getLogger("tpu_demo.engine")
+
+#: How often a waiting request checks whether the tensor-parallel group has failed.
+_FAILURE_POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    models_dir: Path
+    cpu_compile_backend: str = "inductor"
+    offered_models: tuple[str, ...] = ()
+    bucket_overrides: dict[str, tuple[Bucket, ...]] = field(default_factory=dict)
+    placement_override: Placement | None = None
+    #: GB of weights that may stay loaded together; None keeps one model at a time
+    memory_budget_gb: float | None = None
+    warmup_steps: int = 2
+    #: emit a latent preview every this many denoising steps (0: never)
+    preview_every: int = 1
+
+
+class Engine:
+    """Holds loaded pipelines and bucket states; runs every device job on one worker thread."""
+
+    def __init__(self, config: EngineConfig, device: DeviceInfo, lockstep: Lockstep | None = None):
+        self.config = config
+        self.device = device
+        #: tensor-parallel runs (torchrun): keeps every rank on the same loads and pipeline calls
+        self.lockstep = lockstep
+        self.counter = CompileCounter(compile_backend_name(device, config.cpu_compile_backend))
+        self.book = BucketBook(self.counter)
+        self._decode_guard = DecodeGuard()
+        self.pool = ModelPool(PoolSettings(config.models_dir, config.placement_override, config.memory_budget_gb),
+                              device, self.book, self._decode_guard, lockstep, self._in_lockstep)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
+        self._busy = threading.Event()
+        self._closing = threading.Event()
+        offered = config.offered_models or tuple(CATALOG)
+        self.specs: dict[str, ModelSpec] = {
+            model_id: get_spec(model_id).with_buckets(config.bucket_overrides[model_id])
+            if model_id in config.bucket_overrides else get_spec(model_id)
+            for model_id in offered
+        }
+        bucket_count = sum(len(spec.buckets) for spec in self.specs.values())
+        # fullgraph=True turns dynamo's recompile limit into a hard failure: cover every shape
+        # (each bucket, at batch 1 and 2) with room to spare.
+        limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count + 8)
+        self._recompile_limits = {"recompile_limit": limit, "accumulated_recompile_limit": max(
+            torch._dynamo.config.accumulated_recompile_limit, 4 * limit)}
+        self._apply_recompile_limits()
+
+    def _apply_recompile_limits(self) -> None:
+        """Dynamo's config is per thread (ContextVars): set here and on the device thread, which compiles."""
+        for name, value in self._recompile_limits.items():
+            setattr(torch._dynamo.config, name, value)
+
+    # ---- read-only views -------------------------------------------------------------------
+    def spec(self, model_id: str) -> ModelSpec:
+        if model_id not in self.specs:
+            raise EngineError(f"model {model_id!r} is not offered here; choose one of: {', '.join(self.specs)}")
+        return self.specs[model_id]
+
+    def mode_description(self, mode: ExecutionMode) -> str:
+        return describe_mode(mode, self.device, self.config.cpu_compile_backend)
+
+    def placement_for(self, model_id: str) -> Placement:
+        return self.pool.placement_for(self.spec(model_id))
+
+    def placement_description(self, model_id: str) -> str:
+        try:
+            return describe_placement(self.placement_for(model_id), self.device, self.pool.world_size)
+        except Exception as error:  # noqa: BLE001 - shown in the UI instead
+            return str(error)
+
+    def status(self) -> EngineStatus:
+        models = {model_id: {"placement": loaded.placement.value, "weights_mb": round(loaded.weight_bytes / 1e6, 1),
+                             "compiled": loaded.compiled} for model_id, loaded in self.pool.items()}
+        return EngineStatus(device=self.device.badge, device_kind=self.device.kind, device_count=self.device.count,
+                            models=models, buckets=self.book.all(), compiles_total=self.counter.count,
+                            busy=self._busy.is_set())
+
+    def shape_key(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidance_scale: float) -> ShapeKey:
+        """The static shape a call runs at: classifier-free guidance that doubles the batch is another graph."""
+        batch = 2 if spec.cfg_doubles_batch and guidance_scale > 1.0 else 1
+        return ShapeKey(spec.id, mode.value, str(bucket), batch)
+
+    def bucket_status(self, key: ShapeKey) -> BucketStatus:
+        return self.book.snapshot(key)
+
+    def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
+        """Every configured bucket of ``model_id`` in ``mode`` (cold ones too), plus any other shape used."""
+        spec = self.spec(model_id)
+        configured = [self.book.snapshot(self.shape_key(spec, mode, bucket, spec.default_guidance))
+                      for bucket in spec.buckets]
+        default_batch = configured[0].batch if configured else 1
+        return configured + self.book.matching(
+            lambda key: key.model == model_id and key.mode == mode.value and key.batch != default_batch)
+
+    # ---- device jobs ----------------------------------------------------------------------
+    def submit(self, job: Callable[[], Any]) -> Future:
+        """Run ``job`` on the device thread (one at a time)."""
+
+        def run() -> Any:
+            self._busy.set()
+            try:
+                self._apply_recompile_limits()
+                return job()
+            finally:
+                self._busy.clear()
+
+        return self._worker.submit(run)
+
+    def load(self, model_id: str) -> Any:
+        """Load ``model_id`` now (blocking) and return its diffusers pipeline; EngineError if it cannot."""
+        spec = self.spec(model_id)
+        return self.submit(lambda: self.pool.load(spec).pipeline).result()
+
+    def warmup(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
+               stop: threading.Event | None = None) -> list[BucketStatus]:
+        """Warm each bucket of ``model_id`` in ``mode``, one device job per bucket (blocking).
+
+        A bucket whose warmup fails is marked failed; the others still warm.
+        """
+        spec = self.spec(model_id)
+        results = []
+        for bucket in buckets or spec.buckets:
+            if (stop is not None and stop.is_set()) or self._closing.is_set():
+                break
+            key = self.shape_key(spec, mode, bucket, spec.default_guidance)
+            results.append(self.submit(lambda b=bucket, k=key: self._warm_bucket(spec, mode, b, k)).result())
+        return results
+
+    def warmup_in_background(self, model_id: str, mode: ExecutionMode,
+                             buckets: tuple[Bucket, ...] | None = None) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.warmup(model_id, mode, buckets)
+            except Exception:  # noqa: BLE001 - bucket states already say what failed
+                log.exception("background warmup of %s failed", model_id)
+
+        thread = threading.Thread(target=run, name=f"warmup-{model_id}", daemon=True)
+        thread.start()
+        return thread
+
+    def generate(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
+        """Run a validated request; yields Compiling, StepProgress, ImageResult and Stopped events.
+
+        Raises EngineError if the request fails. Closing the generator early (a client went
+        away) stops the job at its next denoising step.
+        """
+        stop = stop or threading.Event()
+        if self.lockstep is not None and self.lockstep.failure:
+            raise EngineError(self.lockstep.failure)
+        events: queue.Queue = queue.Queue()
+        done = object()
+
+        def job() -> None:
+            try:
+                self._run_request(request, events.put, stop)
+            except Exception as error:  # noqa: BLE001 - reported to the caller below
+                log.warning("request failed: %s", user_message(error))
+                release_cached_memory(self.device)  # the next request starts clean
+                events.put(error)
+            finally:
+                events.put(done)
+
+        self.submit(job)
+        try:
+            while True:
+                try:
+                    event = events.get(timeout=_FAILURE_POLL_SECONDS)
+                except queue.Empty:
+                    if self.lockstep is not None and self.lockstep.failure:
+                        raise EngineError(self.lockstep.failure) from None  # the device thread may be stuck
+                    continue
+                if event is done:
+                    return
+                if isinstance(event, Exception):
+                    raise event if isinstance(event, EngineError) else EngineError(user_message(event)) from event
+                yield event
+        finally:
+            stop.set()  # a consumer that stops listening stops the job
+
+    def close(self) -> None:
+        """Drop queued jobs, wait for the running one, and free every loaded model."""
+        self._closing.set()
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        self.pool.unload_all()  # the device thread has finished: safe from here
+
+    # ---- on the device thread -------------------------------------------------------------
+    def _call_pipeline(self, loaded: LoadedModel, mode: ExecutionMode, prompt: str, bucket: Bucket,
+                       steps: int, guidance: float, seed: int, observer: StepObserver) -> Any:
+        if mode is ExecutionMode.COMPILED and not loaded.compiled:
+            compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
+            loaded.compiled = True
+        callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
+        call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed)
+        with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
+            output = loaded.pipeline(
+                prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
+                generator=torch.Generator("cpu").manual_seed(seed),
+                callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
+                **loaded.spec.pipeline_kwargs(guidance))
+            synchronize(self.device)
+        if observer.final_latents is not None and not observer.interrupted:
+            loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
+        return output
+
+    def run_followed_call(self, call: PipelineCall) -> None:
+        """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
+        loaded = self.pool.load(self.spec(call.model_id))
+        bucket = Bucket(call.width, call.height)
+        observer = StepObserver.silent(call.num_inference_steps, bucket, loaded.previewer)
+        self._call_pipeline(loaded, ExecutionMode(call.mode), call.prompt, bucket, call.num_inference_steps,
+                            call.guidance_scale, call.seed, observer)
+
+    def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
+        """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
+        if self.lockstep is None:
+            return contextlib.nullcontext()
+        return self.lockstep.leading(message, passthrough=(DecodeSkipped, EngineError))
+
+    def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, key: ShapeKey) -> BucketStatus:
+        if self.book.is_warm(key):
+            return self.book.snapshot(key)
+        try:
+            loaded = self.pool.load(spec)
+            # a guidance that runs at the key's batch size: the model's default, else one that (does not) double it
+            default_key = self.shape_key(spec, mode, bucket, spec.default_guidance)
+            guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 else 1.0)
+            steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
+            observer = StepObserver.silent(steps, bucket, loaded.previewer)
+            self.book.compile_phase(key, lambda: self._call_pipeline(
+                loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
+        except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
+            status = self.book.mark_failed(key, user_message(error))
+            log.warning("warmup of %s %s %s failed: %s", spec.id, mode.value, bucket, status.error)
+        return self.book.snapshot(key)
+
+    def _run_request(self, request: GenerationRequest, emit: Callable[[Any], None], stop: threading.Event) -> None:
+        loaded = self.pool.load(self.spec(request.model))
+        bucket = request.bucket
+        key = self.shape_key(loaded.spec, request.mode, bucket, request.guidance_scale)
+        mode_text = self.mode_description(request.mode)
+        for index in range(request.num_images):
+            if stop.is_set():
+                emit(Stopped(completed=index, reason="stopped"))
+                return
+            seed = request.seed + index
+            warm = self.book.is_warm(key)
+            observer = StepObserver(emit, index, request.num_inference_steps, stop, bucket, loaded.previewer,
+                                    self.config.preview_every if request.previews else 0)
+            call = lambda: self._call_pipeline(loaded, request.mode, request.prompt, bucket,  # noqa: E731
+                                               request.num_inference_steps, request.guidance_scale, seed, observer)
+            started = time.perf_counter()
+            compiles_before = self.counter.count
+            try:
+                self._decode_guard.active = False
+                if warm:
+                    output = call()
+                else:
+                    emit(Compiling(resolution=str(bucket), mode=request.mode.value))
+                    output = self.book.compile_phase(key, call)
+            except DecodeSkipped:
+                output = None
+            finally:
+                self._decode_guard.active = False
+            if observer.interrupted or output is None:
+                emit(Stopped(completed=index, reason=f"stopped at step {observer.steps_done} of image {index + 1}"))
+                return
+            timings = image_timings(started, observer.last_step_at, time.perf_counter(), request.num_inference_steps,
+                                    self.counter.count - compiles_before)
+            parameters = image_parameters(request, seed, mode_text, self.device.badge,
+                                          type(loaded.pipeline.scheduler).__name__, timings, warm)
+            image = output.images[0]
+            pngmeta.attach(image, parameters)
+            emit(ImageResult(index=index, image=image, seed=seed, parameters=parameters, timings=timings, warm=warm))

@@ -1,0 +1,139 @@
+"""The model pool: each model loaded once, placed on the device, freed least-recently-used first."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from tpu_demo.core.catalog import ModelSpec, Placement
+from tpu_demo.core.errors import EngineError
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.device import DeviceInfo
+from tpu_demo.distributed.lockstep import LoadModel, Lockstep
+from tpu_demo.engine.bucket_book import BucketBook
+from tpu_demo.engine.previews import LatentPreviewer
+from tpu_demo.engine.step_observer import DecodeGuard, apply_decode_guard
+from tpu_demo.models.loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
+from tpu_demo.models.placement import PlacementError, apply_placement, choose_placement
+
+log = logging.getLogger("tpu_demo.engine")
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    pipeline: Any
+    placement: Placement
+    weight_bytes: int
+    compiled: bool = False
+    last_used: float = 0.0
+    previewer: LatentPreviewer = field(default_factory=LatentPreviewer)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    models_dir: Path
+    placement_override: Placement | None = None
+    #: GB of weights that may stay loaded together; None keeps one model at a time
+    memory_budget_gb: float | None = None
+
+
+class ModelPool:
+    """Loaded pipelines by model id. Only the device thread loads and unloads."""
+
+    def __init__(self, settings: PoolSettings, device: DeviceInfo, book: BucketBook, decode_guard: DecodeGuard,
+                 lockstep: Lockstep | None = None,
+                 in_lockstep: Callable[[LoadModel], ContextManager] = lambda message: contextlib.nullcontext()):
+        self.settings, self.device, self.book, self.decode_guard = settings, device, book, decode_guard
+        self.lockstep, self.in_lockstep = lockstep, in_lockstep
+        self.world_size = lockstep.world.world_size if lockstep is not None else 1
+        self._models: dict[str, LoadedModel] = {}
+
+    def get(self, model_id: str) -> LoadedModel | None:
+        return self._models.get(model_id)
+
+    def items(self) -> list[tuple[str, LoadedModel]]:
+        return list(self._models.items())
+
+    def placement_for(self, spec: ModelSpec) -> Placement:
+        loaded = self._models.get(spec.id)
+        if loaded is not None:
+            return loaded.placement
+        return choose_placement(spec, self.device, self.settings.placement_override, self.world_size)
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        """The loaded model for ``spec``, loading (and evicting others) first if needed."""
+        loaded = self._models.get(spec.id)
+        if loaded is not None:
+            loaded.last_used = time.monotonic()
+            return loaded
+        try:
+            placement = choose_placement(spec, self.device, self.settings.placement_override, self.world_size)
+        except PlacementError as error:
+            raise EngineError(str(error)) from None
+        if placement is Placement.TENSOR_PARALLEL and self.lockstep is None:
+            raise EngineError(
+                f"{spec.id} needs tensor parallelism ({spec.total_gb:.0f} GB of weights, more than one "
+                f"{self.device.name} holds): start the app over several chips with scripts/serve_tp.sh N")
+        with self.in_lockstep(LoadModel(spec.id)):
+            try:
+                ensure_available(spec)  # before freeing anything: a missing model must not evict the others
+                self._make_room_for(spec)
+                started = time.perf_counter()
+                if placement is Placement.TENSOR_PARALLEL:
+                    pipeline = self.lockstep.load_pipeline(spec, self.settings.models_dir)
+                else:
+                    pipeline = load_pipeline(spec, self.device, self.settings.models_dir)
+            except ModelUnavailable as error:
+                raise EngineError(str(error)) from None
+            if placement is not Placement.TENSOR_PARALLEL:
+                apply_placement(pipeline, placement, self.device)
+        apply_decode_guard(pipeline, self.decode_guard)
+        loaded = LoadedModel(spec, pipeline, placement, parameter_bytes(pipeline), last_used=time.monotonic())
+        self._models[spec.id] = loaded
+        log.info("loaded %s (%s, %.1f MB) in %.2fs", spec.id, placement.value, loaded.weight_bytes / 1e6,
+                 time.perf_counter() - started)
+        return loaded
+
+    def _make_room_for(self, spec: ModelSpec) -> None:
+        """Free loaded models (least recently used first) until ``spec`` fits the memory budget."""
+        budget = self.settings.memory_budget_gb
+        while self._models:
+            held_gb = sum(m.weight_bytes for m in self._models.values()) / 1e9
+            if budget is not None and held_gb + spec.total_gb <= budget:
+                return
+            victim = min(self._models.values(), key=lambda m: m.last_used)
+            self.unload(victim.spec.id)
+
+    def unload(self, model_id: str) -> None:
+        loaded = self._models.pop(model_id)
+        self.book.reset(lambda key: key.model == model_id)
+        if loaded.compiled:
+            torch._dynamo.reset()  # compiled graphs hold the model's weights alive; every model's graphs go
+            for other in self._models.values():
+                other.compiled = False
+            self.book.reset(lambda key: key.mode == ExecutionMode.COMPILED.value)
+        del loaded
+        gc.collect()
+        _release_freed_memory()
+        log.info("unloaded %s", model_id)
+
+    def unload_all(self) -> None:
+        for model_id in list(self._models):
+            self.unload(model_id)
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise), so RSS shows the release."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

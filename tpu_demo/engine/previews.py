@@ -1,0 +1,106 @@
+"""Cheap step previews: a linear latent -> RGB projection, fitted per model from its own outputs.
+
+Decoding with the VAE every step would cost as much as a denoising step; a linear map from the
+latent channels to RGB costs a tiny matrix product. Rather than hard-coding per-architecture
+factors, each loaded model fits its own map (ridge regression) from pairs it produces anyway:
+the final latents of a generation and the decoded final image. Warmup provides the first
+pairs, so previews look right from the first user request. Packed latents (FLUX: tokens of
+2x2 patches) are unpacked to their row-major grid first; spatial latents (SD3) are used as is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tpu_demo.core.buckets import Bucket
+
+#: enough pairs for a stable fit; later images add no cost
+_MAX_OBSERVATIONS = 16
+
+
+def latent_grid(latents: torch.Tensor, bucket: Bucket) -> torch.Tensor:
+    """The first sample's latents as an (h, w, channels) float grid (a view where possible),
+    unpacking token sequences."""
+    sample = latents[0].detach().to("cpu", torch.float32)
+    if sample.ndim == 2:  # packed: (tokens, channels) in row-major order over the patch grid
+        tokens = sample.shape[0]
+        height = max(1, round(math.sqrt(tokens * bucket.height / bucket.width)))
+        width = tokens // height
+        return sample[: height * width].reshape(height, width, -1)
+    return sample.permute(1, 2, 0)  # spatial: (channels, h, w)
+
+
+class LatentPreviewer:
+    """Renders previews for one loaded model and learns its projection from final images."""
+
+    def __init__(self, ridge: float = 1e-2):
+        self.ridge = ridge
+        self.observations = 0
+        self._gram: torch.Tensor | None = None
+        self._cross: torch.Tensor | None = None
+        self._weights: torch.Tensor | None = None
+        self._weights_np: np.ndarray | None = None
+
+    @property
+    def fitted(self) -> bool:
+        return self._weights is not None
+
+    def wants_observation(self) -> bool:
+        return self.observations < _MAX_OBSERVATIONS
+
+    def observe(self, final_latents: torch.Tensor, image: Image.Image, bucket: Bucket) -> None:
+        """Add (latents, decoded image) pixels to the fit and re-solve the projection."""
+        grid = latent_grid(final_latents, bucket)
+        height, width, channels = grid.shape
+        target = np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.BOX), dtype=np.float32)
+        features = torch.cat([grid.reshape(-1, channels), torch.ones(height * width, 1)], dim=1)
+        targets = torch.from_numpy(target.reshape(-1, 3) / 255.0)
+        if self._gram is None or self._gram.shape[0] != channels + 1:
+            self._gram = torch.zeros(channels + 1, channels + 1)
+            self._cross = torch.zeros(channels + 1, 3)
+        self._gram += features.T @ features
+        self._cross += features.T @ targets
+        self.observations += 1
+        regulariser = self.ridge * torch.eye(channels + 1)
+        self._weights = torch.linalg.solve(self._gram + regulariser, self._cross)
+        self._weights_np = None
+
+    def capture(self, latents: torch.Tensor, bucket: Bucket) -> "PreviewFrame":
+        """Copy this step's latent grid off the device: the only preview work on the device thread."""
+        return PreviewFrame(np.array(latent_grid(latents, bucket), dtype=np.float32, copy=True), self)
+
+    def render(self, grid: np.ndarray) -> Image.Image:
+        """The preview at the latent grid's own resolution (the page scales it up): a matrix product
+        and one small image."""
+        height, width, channels = grid.shape
+        weights = self._projection(channels)
+        if weights is not None:
+            rgb = grid.reshape(-1, channels) @ weights[:-1] + weights[-1]
+        else:  # not fitted yet: show the first three channels, normalised
+            rgb = grid[..., :3].reshape(-1, 3)
+            rgb = (rgb - rgb.min()) / (rgb.max() - rgb.min() + 1e-6)
+        pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8).reshape(height, width, 3)
+        return Image.fromarray(pixels, "RGB")
+
+    def _projection(self, channels: int) -> np.ndarray | None:
+        weights = self._weights
+        if weights is None or weights.shape[0] != channels + 1:
+            return None
+        if self._weights_np is None or self._weights_np.shape != tuple(weights.shape):
+            self._weights_np = weights.numpy().astype(np.float32)
+        return self._weights_np
+
+
+class PreviewFrame:
+    """One step's latents, copied off the device; rendered where it is shown (the UI's thread),
+    so previews cost the device thread only the copy."""
+
+    def __init__(self, grid: np.ndarray, previewer: LatentPreviewer):
+        self.grid, self.previewer = grid, previewer
+
+    def render(self) -> Image.Image:
+        return self.previewer.render(self.grid)

@@ -1,0 +1,225 @@
+"""Command-line flags and ``TPU_DEMO_*`` environment variables -> AppConfig.
+
+Every flag has an environment twin (``--memory-budget`` <-> ``TPU_DEMO_MEMORY_BUDGET``); the
+command line wins. A bad value exits with status 2 and one line naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from tpu_demo.core.buckets import Bucket, BucketError, parse_bucket_list
+from tpu_demo.core.catalog import CATALOG, Placement
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.request import RequestLimits
+from tpu_demo.web.admission import AdmissionLimits
+
+ENV_PREFIX = "TPU_DEMO_"
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tpu-demo"
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be from 0 to 65535")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or a positive integer")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be 0 or a positive number")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _model_list(text: str) -> tuple[str, ...]:
+    models = tuple(item.strip() for item in text.split(",") if item.strip())
+    unknown = [model for model in models if model not in CATALOG]
+    if unknown or not models:
+        raise ValueError(f"unknown model(s) {unknown or text!r}; known: {', '.join(CATALOG)}")
+    return models
+
+
+def _known_model(text: str) -> str:
+    if text not in CATALOG:
+        raise ValueError(f"unknown model {text!r}; known: {', '.join(CATALOG)}")
+    return text
+
+
+def _buckets(text: str) -> tuple[Bucket, ...]:
+    try:
+        return parse_bucket_list(text)
+    except BucketError as error:
+        raise ValueError(str(error)) from None
+
+
+def _choice(values: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise ValueError(f"must be one of: {', '.join(values)}")
+        return text
+
+    return parse
+
+
+def flag(default: Any, description: str, parse: Callable[[str], Any] | None = str) -> Any:
+    """One flag, declared once: its default, help and parser (None: an on/off switch).
+
+    The flag name is the field's (``memory_budget`` -> ``--memory-budget``), the environment
+    twin ``TPU_DEMO_`` + the upper-cased name.
+    """
+    return field(default=default, metadata={"help": description, "parse": parse})
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """Every setting of the app; ``python app.py --help`` is generated from these fields."""
+
+    host: str = flag("127.0.0.1", "address to listen on (0.0.0.0 to serve the network)")
+    port: int = flag(7860, "port to listen on (0 = pick a free one)", _port)
+    model: str | None = flag(None, "model selected at start (default: the embedded default when offered)", _known_model)
+    models: tuple[str, ...] | None = flag(None, "comma-separated model ids offered to users "
+                                                "(default: the tiny models plus real ones present locally)", _model_list)
+    buckets: tuple[Bucket, ...] | None = flag(None, "resolution buckets of the start model, e.g. 64x64,128x96", _buckets)
+    mode: str = flag(ExecutionMode.EAGER.value, "execution mode at start", _choice([m.value for m in ExecutionMode]))
+    placement: str | None = flag(None, "force a placement instead of choosing by size",
+                                 _choice([p.value for p in Placement]))
+    memory_budget: float | None = flag(None, "GB of weights that may stay loaded together when switching models",
+                                       _positive_float)
+    compile_backend: str = flag("inductor", "torch.compile backend off TPU (TPU always uses torch-tpu's 'tpu')",
+                                _choice(["inductor", "aot_eager", "eager"]))
+    cache_dir: Path | None = flag(None, "where built tiny models and compile caches live (default ~/.cache/tpu-demo)",
+                                  Path)
+    threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", _positive_int)
+    device: str | None = flag(None, "restrict device detection (default: tpu, then cuda, then cpu)",
+                              _choice(["tpu", "cuda", "cpu"]))
+    preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
+    max_queue: int = flag(AdmissionLimits.max_waiting, "requests that may wait in the queue; more are told the "
+                                                       "app is busy", _positive_int)
+    max_images: int = flag(RequestLimits.max_images, "most images one request may ask for", _positive_int)
+    max_prompt_chars: int = flag(RequestLimits.max_prompt_chars, "longest prompt accepted", _positive_int)
+    max_per_session: int = flag(AdmissionLimits.max_per_session, "requests one browser session / API client may "
+                                "have waiting or running (0: no limit)", _non_negative_int)
+    max_per_ip: int = flag(AdmissionLimits.max_per_ip, "requests one client address may have waiting or running "
+                           "(0: no limit)", _non_negative_int)
+    request_timeout: float = flag(300.0, "seconds a request may run from its first denoising step before it is "
+                                  "stopped (0: no limit)", _non_negative_float)
+    log_prompts: bool = flag(False, "include prompts in the per-request log lines", None)
+    no_warmup: bool = flag(False, "do not warm the buckets at start-up", None)
+    share: bool = flag(False, "create a public gradio.live link (contacts Gradio's share servers)", None)
+    tensor_parallel: bool = flag(False, "one rank of a tensor-parallel group started by torchrun "
+                                 "(use scripts/serve_tp.sh N); rank 0 serves the UI", None)
+    tp_timeout: float = flag(60.0, "seconds a tensor-parallel rank may lag beyond the expected step time before "
+                             "rank 0 reports the group failed", _positive_float)
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return self.cache_dir or _default_cache_dir()
+
+    @property
+    def start_mode(self) -> ExecutionMode:
+        return ExecutionMode(self.mode)
+
+
+def _flags() -> list[tuple[str, str, Any, Callable[[str], Any] | None, str]]:
+    """(field name, --flag, default, parser, help) for every AppConfig field."""
+    return [(f.name, "--" + f.name.replace("_", "-"), f.default, f.metadata["parse"], f.metadata["help"])
+            for f in fields(AppConfig)]
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # noqa: D401 - argparse hook
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def help_text(width: int = 100) -> str:
+    """``python app.py --help`` at a fixed width (docs/flags.md is this text)."""
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)  # argparse reads the terminal width from here
+    try:
+        return _parser().format_help()
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="app.py", description="TPU diffusion demo (Gradio). Every flag has an "
+                            "environment twin, shown in brackets; the command line wins.")
+    for name, option, default, parse, description in _flags():
+        if parse is None:
+            parser.add_argument(option, action="store_true", help=f"{description} [{env_name(name)}]")
+        else:
+            shown = "" if default is None else f"; default {default}"
+            parser.add_argument(option, type=_named(parse, option), default=None,
+                                help=f"{description} [{env_name(name)}{shown}]")
+    return parser
+
+
+def _named(parse: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    def wrapper(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, TypeError) as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+
+    wrapper.__name__ = flag
+    return wrapper
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> AppConfig:
+    """Parse flags, falling back to ``TPU_DEMO_*`` variables, then defaults; exit 2 on bad values."""
+    environ = os.environ if environ is None else environ
+    args = vars(_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    for name, option, default, parse, _ in _flags():
+        env = env_name(name)
+        if args[name] is not None and args[name] is not False:
+            values[name] = args[name]
+        elif environ.get(env, "") != "":
+            raw = environ[env]
+            if parse is None:
+                values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+                continue
+            try:
+                values[name] = parse(raw)
+            except (ValueError, TypeError) as error:
+                sys.stderr.write(f"app.py: error: {env} ({option}) {raw!r}: {error}\n")
+                raise SystemExit(2) from None
+    return AppConfig(**values)

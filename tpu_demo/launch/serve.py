@@ -1,0 +1,126 @@
+"""Wire the app together: config -> device -> engine -> Blocks -> launch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import gradio as gr
+import torch
+from starlette.middleware import Middleware
+
+from tpu_demo.web import gradio_queue
+from tpu_demo.web.admission import AdmissionLimits, AdmissionMiddleware
+from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
+from tpu_demo.engine.compile_cache import use_compile_cache
+from tpu_demo.launch.config import AppConfig
+from tpu_demo.device import DeviceInfo, detect_device
+from tpu_demo.engine.engine import Engine, EngineConfig
+from tpu_demo.web.health import health_route
+from tpu_demo.models.loading import hub_weights_present
+from tpu_demo.distributed.lockstep import Lockstep
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.request import RequestLimits
+from tpu_demo.web.shutdown import stop_on_sigterm
+from tpu_demo.web.supervision import RequestSupervisor, SupervisionSettings
+from tpu_demo.web.handlers import PageHandlers, UiSettings
+from tpu_demo.web.page import GENERATE_API, build_page, launch_kwargs
+
+log = logging.getLogger("tpu_demo")
+
+#: uploads are only PNGs dropped to restore settings
+MAX_UPLOAD = "20mb"
+
+
+@dataclass
+class App:
+    config: AppConfig
+    engine: Engine
+    ui: PageHandlers
+    demo: gr.Blocks
+
+
+def offered_models(config: AppConfig) -> tuple[str, ...]:
+    """The operator's list, else the tiny models plus the real ones whose weights are present.
+
+    A tensor-parallel run offers only models that can be sharded.
+    """
+    models = config.models or TINY_MODEL_IDS + tuple(m for m in REAL_MODEL_IDS if hub_weights_present(CATALOG[m]))
+    if config.model and config.model not in models:
+        models = (config.model,) + models
+    if config.tensor_parallel:
+        models = tuple(m for m in models if Placement.TENSOR_PARALLEL in CATALOG[m].placements)
+    return models
+
+
+def start_model(config: AppConfig, models: tuple[str, ...]) -> str:
+    """``--model``, else the embedded default when offered, else the first offered model."""
+    return config.model or (DEFAULT_MODEL_ID if DEFAULT_MODEL_ID in models else models[0])
+
+
+def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | None = None) -> Engine:
+    """The engine for ``config``; in a tensor-parallel run every rank builds the same one."""
+    use_compile_cache(config.resolved_cache_dir)  # before the first compile (app.py also sets it before torch)
+    models = offered_models(config)
+    if not models or (config.model and config.model not in models):
+        raise SystemExit(f"app.py: error: --model/--models: {config.model or 'none of the offered models'} "
+                         "cannot be served tensor-parallel")
+    first = start_model(config, models)
+    return Engine(EngineConfig(
+        models_dir=config.resolved_cache_dir / "models",
+        cpu_compile_backend=config.compile_backend,
+        offered_models=models,
+        bucket_overrides={first: config.buckets} if config.buckets else {},
+        placement_override=Placement(config.placement) if config.placement else None,
+        memory_budget_gb=config.memory_budget,
+        preview_every=config.preview_every,
+    ), device, lockstep)
+
+
+def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
+    """Everything but the network listener; warmup of the start model starts in the background."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = lockstep.world.device if lockstep is not None else detect_device(config.device)
+    engine = build_engine(config, device, lockstep)
+    models = tuple(engine.specs)
+    first = start_model(config, models)
+    settings = UiSettings(start_model=first, start_mode=config.start_mode, limits=RequestLimits(
+        max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
+        offered_modes=tuple(ExecutionMode)))
+    supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
+                                                       log_prompts=config.log_prompts))
+    ui = PageHandlers(engine, settings, supervisor)
+    demo = build_page(ui)
+    # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too
+    demo.queue(max_size=None, default_concurrency_limit=1)
+    if not config.no_warmup:
+        engine.warmup_in_background(first, config.start_mode)
+    log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
+    return App(config, engine, ui, demo)
+
+
+def launch(app: App, **kwargs) -> None:
+    """Start the HTTP server; blocks unless ``prevent_thread_lock=True`` is passed."""
+    app.demo.launch(server_name=app.config.host, server_port=app.config.port or None, share=app.config.share,
+                    show_error=False, max_file_size=MAX_UPLOAD, app_kwargs=hardening_app_kwargs(app),
+                    **launch_kwargs(), **kwargs)
+
+
+def hardening_app_kwargs(app: App) -> dict:
+    """The health route and the per-client admission check, handed to Gradio's FastAPI app."""
+    limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
+                             max_per_ip=app.config.max_per_ip)
+    return {
+        "routes": [health_route(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active)],
+        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
+                                  current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
+                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API))],
+    }
+
+
+def serve(config: AppConfig) -> None:
+    """Serve one process until SIGTERM or Ctrl-C."""
+    app = build_app(config)
+    with stop_on_sigterm(app.ui.supervisor, app.engine):
+        launch(app)

@@ -1,0 +1,308 @@
+"""The page's event handlers: controls -> engine -> a gallery that fills image by image.
+
+This layer knows nothing of torch. It validates raw inputs with ``validate_request`` (the same
+check every API caller gets), hands the request to the engine, and turns engine events into
+gallery updates, progress and messages.
+"""
+
+from __future__ import annotations
+
+import html
+import random
+import shutil
+import tempfile
+from pathlib import Path
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import gradio as gr
+from PIL import Image
+
+from tpu_demo.core import pngmeta
+from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
+from tpu_demo.core.events import BucketState, Compiling, ImageResult, StepProgress, Stopped
+from tpu_demo.web.gradio_queue import CurrentEvent
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, validate_request
+from tpu_demo.web.supervision import RequestSupervisor, StopReason
+
+if TYPE_CHECKING:
+    from tpu_demo.engine.engine import Engine
+
+@dataclass(frozen=True)
+class UiSettings:
+    start_model: str
+    start_mode: ExecutionMode
+    limits: RequestLimits
+    status_refresh_seconds: float = 1.0
+
+
+def example_prompts(spec: ModelSpec) -> list[str]:
+    path = ASSETS_DIR / spec.example_prompts_file
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:12]
+
+
+def read_png_settings(path: str | Path | None) -> dict | None:
+    """Settings from a PNG file that Gradio handed us (its own cache), or None."""
+    if not path:
+        return None
+    try:
+        with Image.open(path) as image:
+            return pngmeta.read_settings(image)
+    except (OSError, ValueError):
+        return None
+
+
+class _RequestFiles:
+    """Each image of a request written once as a PNG (settings chunks included).
+
+    The gallery is re-sent whole on every update; handing Gradio PIL images would re-encode and
+    rewrite every earlier image's cache file each time, racing clients that are downloading it.
+    File paths are copied into Gradio's cache once. The files here go when the request ends.
+    """
+
+    def __init__(self):
+        self.directory = Path(tempfile.mkdtemp(prefix="tpu-demo-"))
+        self._count = 0
+
+    def save(self, image: Image.Image, name: str) -> str:
+        self._count += 1
+        path = self.directory / f"{self._count:04d}-{name}.png"
+        image.save(path, format="PNG", pnginfo=pngmeta.png_info(image), compress_level=1)
+        return str(path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _progress_text(event: StepProgress, images: int) -> str:
+    """"image 2/4 · step 3/8 · ETA 1.2 s image, 5.0 s request" from the measured step time."""
+    per_step = event.elapsed_seconds / max(event.step, 1)
+    image_left = per_step * (event.total - event.step)
+    request_left = image_left + per_step * event.total * (images - event.index - 1)
+    return (f"image {event.index + 1}/{images} \u00b7 step {event.step}/{event.total} \u00b7 "
+            f"ETA {image_left:.1f} s image, {request_left:.1f} s request")
+
+
+def _caption(result: ImageResult) -> str:
+    t = result.timings
+    warmth = "warm" if result.warm else "compiled first"
+    return (f"seed {result.seed} \u00b7 denoise {t['denoise_seconds']:.2f}s \u00b7 {t['steps_per_second']:.1f} steps/s"
+            f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}")
+
+
+def _user_error(message: str, title: str) -> gr.Error:
+    """An error for the user's modal and API callers: Gradio renders its text as HTML, and it can quote
+    what the caller sent, so markup is escaped; the operator log has its own line (no stack trace)."""
+    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
+
+
+class PageHandlers:
+    """The handlers of one page around one engine; holds each session's Stop flag."""
+
+    def __init__(self, engine: "Engine", settings: UiSettings, supervisor: RequestSupervisor | None = None):
+        self.engine = engine
+        self.settings = settings
+        self.supervisor = supervisor or RequestSupervisor()
+        self._stops: dict[str, threading.Event] = {}
+        self._stops_lock = threading.Lock()
+
+    # ---- handlers -------------------------------------------------------------------------
+    def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
+                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True,
+                 request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
+        """Stream the gallery: one update per finished image, plus live previews while denoising."""
+        queued = CurrentEvent.capture()
+        try:
+            generation = validate_request(dict(
+                prompt=prompt, model=model, mode=mode, resolution=resolution,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
+                num_images=num_images, previews=previews), self.settings.limits)
+        except RequestError as error:
+            self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
+            raise _user_error(str(error), "Invalid input") from None
+        stop = self._armed_stop(request)
+        run = self.supervisor.begin(generation, stop, queued.event_id, queued.queue_wait_seconds, queued.connected)
+        files = _RequestFiles()
+        gallery: list[tuple[str, str]] = []
+        total = generation.num_images
+        progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
+        try:
+            for event in self.engine.generate(generation, stop):
+                run.observe(event)
+                if isinstance(event, Compiling):
+                    progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
+                                     "(first time, may take minutes on TPU)")
+                elif isinstance(event, StepProgress):
+                    progress((event.index * event.total + event.step, total * event.total),
+                             desc=_progress_text(event, total), unit="steps")
+                    if event.preview is not None:
+                        caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
+                        yield gallery + [(files.save(event.preview.render(), "preview"), caption)]
+                elif isinstance(event, ImageResult):
+                    gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
+                    yield list(gallery)
+                elif isinstance(event, Stopped):
+                    run.stopped(event)
+                    if run.stop_reason in (StopReason.TIMEOUT, StopReason.SHUTDOWN):
+                        raise _user_error(run.stop_message(event, total), "Stopped")
+                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {total} images finished.")
+                    yield list(gallery)
+                    return
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
+            run.failed(str(error))
+            raise _user_error(str(error), "Generation failed") from None
+        finally:
+            run.close()
+            self._drop_stop(request, stop)
+            files.remove()
+
+    def stop(self, request: gr.Request = None) -> None:
+        """Stop this session's running generation at its next denoising step."""
+        with self._stops_lock:
+            event = self._stops.get(self._session(request))
+        if event is not None:
+            event.set()
+
+    def switch_model(self, model_id: str, mode: str):
+        """A user picked another model: its defaults, and load + warm it in the background."""
+        spec = self.engine.spec(model_id)
+        self.engine.warmup_in_background(model_id, ExecutionMode(mode))
+        return self._model_controls(spec, str(spec.buckets[0]), spec.default_steps, spec.default_guidance, mode)
+
+    def _model_controls(self, spec: ModelSpec, resolution: str, steps: int, guidance: float, mode: str):
+        """Updates for (resolution, steps, guidance, header, details) showing ``spec``'s limits."""
+        low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
+        return (
+            gr.update(choices=self.resolution_choices(spec), value=resolution),
+            gr.update(minimum=spec.min_steps, maximum=spec.max_steps, value=steps),
+            gr.update(minimum=low, maximum=high, value=guidance, interactive=not spec.guidance_fixed,
+                      info="fixed by this model" if spec.guidance_fixed else "classifier-free guidance"),
+            self.header_html(spec.id),
+            self.details_markdown(spec.id, mode),
+        )
+
+    def restore_settings(self, image_path: str | None, mode: str):
+        """Fill the controls from a PNG this app made (gallery selection or a dropped file)."""
+        settings = read_png_settings(image_path)
+        if settings is None:
+            gr.Warning("This image carries no settings from this app.")
+            return (gr.skip(),) * 10
+        model_id = settings.get("model")
+        if model_id not in self.engine.specs:
+            gr.Warning(f"The image was made with {model_id!r}, which is not offered here.")
+            return (gr.skip(),) * 10
+        spec = self.engine.spec(model_id)
+        mode = settings.get("mode", mode)
+        restored = self._model_controls(spec, settings.get("resolution", str(spec.buckets[0])),
+                                        settings.get("num_inference_steps", spec.default_steps),
+                                        settings.get("guidance_scale", spec.default_guidance), mode)
+        gr.Info("Settings restored from the image.")
+        return (settings.get("prompt", ""), model_id, mode, *restored[:3], settings.get("seed", 0), False,
+                *restored[3:])
+
+    def restore_from_gallery(self, gallery: list | None, selected: int | None, mode: str):
+        if not gallery or selected is None or selected >= len(gallery):
+            gr.Warning("Select an image in the gallery first.")
+            return (gr.skip(),) * 10
+        item = gallery[selected]
+        path = item[0] if isinstance(item, (list, tuple)) else item
+        return self.restore_settings(path, mode)
+
+    @staticmethod
+    def remember_selection(event: gr.SelectData) -> int:
+        return event.index
+
+    def switch_mode(self, model_id: str, mode: str):
+        self.engine.warmup_in_background(model_id, ExecutionMode(mode))
+        return self.details_markdown(model_id, mode)
+
+    def bucket_table(self, model_id: str, mode: str) -> str:
+        """Markdown table of the model's buckets in ``mode``: cold / compiling / warm / failed."""
+        status = self.engine.status()
+        rows = self.engine.buckets_for(model_id, ExecutionMode(mode))
+        icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
+                 BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
+        tones = {BucketState.COLD: "none", BucketState.COMPILING: "wait", BucketState.WARM: "ok", BucketState.FAILED: "bad"}
+        icons = {state: f"<span class='bucket-state tone-{tones[state]}'>{text}</span>" for state, text in icons.items()}
+        # "batch": SD3-style CFG doubles the batch (its own graph); FluxPipeline's true CFG does not.
+        lines = ["| bucket | mode | batch | state | compile s | graphs | from cache |", "|---|---|---|---|---|---|---|"]
+        cached = {True: "yes", False: "no", None: "\u2013"}
+        for b in rows:
+            seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
+            state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
+            lines.append(f"| {b.resolution} | {b.mode} | {'2 (CFG)' if b.batch == 2 else b.batch} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
+        busy = "busy" if status.busy else "idle"
+        lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
+        return "\n".join(lines)
+
+    def arm_stop_and_pick_seed(self, seed: Any, randomize: bool, request: gr.Request = None) -> int:
+        """Runs at the click, before the queue: arm this session's Stop flag, then pick the seed.
+
+        Stop only sets that flag (no Gradio cancel, which would kill the handler before it can
+        say "Stopped"): a running request ends at its next step with a message, a queued one
+        ends as soon as it starts.
+        """
+        self._new_stop(request)
+        return self.pick_seed(seed, randomize)
+
+    @staticmethod
+    def pick_seed(seed: Any, randomize: bool) -> int:
+        if randomize:
+            return random.randint(0, MAX_SEED)
+        try:
+            return int(seed)
+        except (TypeError, ValueError):
+            return 0
+
+    # ---- helpers --------------------------------------------------------------------------
+    @staticmethod
+    def _session(request: gr.Request | None) -> str:
+        return getattr(request, "session_hash", None) or "anonymous"
+
+    def _new_stop(self, request: gr.Request | None) -> threading.Event:
+        event = threading.Event()
+        with self._stops_lock:
+            self._stops[self._session(request)] = event
+        return event
+
+    def _armed_stop(self, request: gr.Request | None) -> threading.Event:
+        """The flag armed at the click (API calls have none: they get a fresh one)."""
+        with self._stops_lock:
+            event = self._stops.get(self._session(request))
+        return event if event is not None else self._new_stop(request)
+
+    def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
+        with self._stops_lock:
+            if self._stops.get(self._session(request)) is event:
+                del self._stops[self._session(request)]
+
+    @staticmethod
+    def resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:
+        return [(bucket.label, str(bucket)) for bucket in spec.buckets]
+
+    def header_html(self, model_id: str) -> str:
+        """Title plus chips for the device, the model and its placement (styled in assets/style.css)."""
+        spec = self.engine.spec(model_id)
+        device = self.engine.device
+        placement = self.engine.placement_description(model_id)
+
+        def chip(kind: str, label: str, value: str, title: str = "") -> str:
+            return (f"<span class='chip chip-{kind}' title='{html.escape(title or value)}'>"
+                    f"<span class='chip-label'>{label}</span>{html.escape(value)}</span>")
+
+        return ("<div class='demo-header'><div class='demo-title'><h1>TPU Diffusion Demo</h1>"
+                "<p>diffusers text-to-image \u00b7 one warm graph per resolution bucket</p></div>"
+                f"<div class='demo-chips'>{chip(f'device device-{device.kind}', 'device', device.badge)}"
+                f"{chip('model', 'model', spec.title, spec.id)}"
+                f"{chip('placement', 'placement', placement.split(':')[0], placement)}</div></div>")
+
+    def details_markdown(self, model_id: str, mode: str) -> str:
+        placement = self.engine.placement_description(model_id)
+        ran = self.engine.mode_description(ExecutionMode(mode))
+        return f"**Mode:** {ran}  \n**Placement:** {placement}"

@@ -1,0 +1,96 @@
+"""The Gradio Blocks page, top to bottom as a visitor sees it; what each control does is in handlers.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from tpu_demo.core.catalog import ASSETS_DIR
+from tpu_demo.core.request import MAX_SEED
+from tpu_demo.web.handlers import PageHandlers, example_prompts
+
+#: every generation shares this concurrency id: the device runs one at a time
+DEVICE_CONCURRENCY_ID = "device"
+#: the public endpoint (gradio_client: api_name="/generate")
+GENERATE_API = "generate"
+
+
+def build_page(handlers: PageHandlers) -> gr.Blocks:
+    settings = handlers.settings
+    spec = handlers.engine.spec(settings.start_model)
+    modes = [(m.title, m.value) for m in settings.limits.offered_modes]
+    # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
+    with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+        header = gr.HTML(handlers.header_html(spec.id), elem_id="demo-header")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=300):
+                prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
+                                    placeholder="Describe the image, then press Enter",
+                                    max_length=settings.limits.max_prompt_chars, elem_id="prompt")
+                with gr.Row():
+                    generate_button = gr.Button("Generate", variant="primary", scale=3, elem_id="generate")
+                    stop_button = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+                model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
+                                    value=spec.id, elem_id="model")
+                mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
+                                elem_id="mode")
+                resolution = gr.Dropdown(label="Resolution", choices=handlers.resolution_choices(spec),
+                                         value=str(spec.buckets[0]), elem_id="resolution")
+                with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+                    steps = gr.Slider(label="Steps (num_inference_steps)", minimum=spec.min_steps,
+                                      maximum=spec.max_steps, step=1, value=spec.default_steps, elem_id="steps")
+                    low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
+                    guidance = gr.Slider(label="Guidance scale", minimum=low, maximum=high, step=0.1,
+                                         value=spec.default_guidance, interactive=not spec.guidance_fixed)
+                    with gr.Row():
+                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
+                        randomize = gr.Checkbox(label="Randomize seed", value=True)
+                    num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
+                                           step=1, value=min(2, settings.limits.max_images), elem_id="num-images")
+                    previews = gr.Checkbox(label="Live previews while denoising", value=True)
+                details = gr.Markdown(handlers.details_markdown(spec.id, settings.start_mode.value), elem_id="run-details")
+            with gr.Column(scale=3, min_width=300):
+                gallery = gr.Gallery(label="Images", format="png", type="filepath", columns=2, height="auto",
+                                     object_fit="contain", show_label=False, elem_id="gallery")
+                selected = gr.State(None)
+                with gr.Row():
+                    reuse_button = gr.Button("Reuse settings of the selected image", size="sm")
+                dropped = gr.Image(label="Drop a PNG made here to restore its settings", type="filepath",
+                                   sources=["upload"], image_mode=None, height=140)
+                examples = example_prompts(spec)
+                if examples:
+                    gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try",
+                                elem_id="examples")
+        with gr.Accordion("Buckets (static shapes) and warmup", open=True, elem_id="buckets"):
+            status = gr.Markdown(handlers.bucket_table(spec.id, settings.start_mode.value), elem_id="bucket-status")
+        timer = gr.Timer(settings.status_refresh_seconds)
+
+        inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews]
+        generation = gr.on(
+            triggers=[generate_button.click, prompt.submit], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
+            outputs=[seed], queue=False, api_visibility="private",
+        ).then(
+            handlers.generate, inputs=inputs, outputs=[gallery], api_name=GENERATE_API, preprocess=False,
+            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
+        )
+        stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
+        model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
+                    api_visibility="private", queue=False)
+        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details]
+        gallery.select(handlers.remember_selection, None, [selected], api_visibility="private", queue=False)
+        reuse_button.click(handlers.restore_from_gallery, [gallery, selected, mode], restored,
+                           api_visibility="private", queue=False)
+        dropped.upload(handlers.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
+        mode.change(handlers.switch_mode, [model, mode], [details], api_visibility="private", queue=False)
+        timer.tick(handlers.bucket_table, [model, mode], [status], api_visibility="private", queue=False,
+                   show_progress="hidden")
+    return demo
+
+
+def launch_kwargs() -> dict[str, Any]:
+    """Theme and CSS (Gradio 6 takes them in ``launch``); built-in theme fonts are local."""
+    css_path = ASSETS_DIR / "style.css"
+    return {"theme": gr.themes.Soft(font=[gr.themes.Font("ui-sans-serif"), "system-ui", "sans-serif"],
+                                    font_mono=[gr.themes.Font("ui-monospace"), "monospace"]),
+            "css": css_path.read_text() if css_path.is_file() else None}
