@@ -122,14 +122,15 @@ def _is_event_call(scope: Scope) -> bool:
 def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False) -> str | None:
     """Why ``data`` is not one value per input of the handler, naming the input; None if it is."""
     names = inputs.names
-    takes = f"{inputs.api_name or 'this event'} takes {len(names)} values: {', '.join(names)}"
+    takes = (f"{inputs.api_name or 'this event'} takes {len(names)} value(s): {', '.join(names)}" if names
+             else f"{inputs.api_name or 'this event'} takes no values")
     if not isinstance(data, list):
         return f"data: must be a list of values; {takes}"
     expected = len(names) - inputs.server_side if simple_format and len(data) != len(names) else len(names)
     if len(data) < expected:
         return f"{names[len(data)]}: missing; {takes}"
     if len(data) > expected:
-        return f"data: {len(data)} values is {len(data) - expected} too many; {takes}"
+        return f"data: {len(data)} value(s), {len(data) - expected} too many; {takes}"
     return None
 
 
