@@ -5,7 +5,7 @@ Gradio 6.31 has no public API for "which requests does this client have waiting 
 queue holds all three (``Blocks._queue``: waiting events per concurrency id, ``active_jobs``,
 ``Event.alive`` cleared when the client's stream closes, ``Event.enqueue_time``), so they are
 read here and nowhere else. Every accessor degrades to "unknown" (never raises) if a Gradio
-upgrade renames them, and tests/test_hardening.py exercises each one against the real queue.
+upgrade renames them, and tests/test_limits.py and tests/test_routes.py exercise each one against the real queue.
 """
 
 from __future__ import annotations
