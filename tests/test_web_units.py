@@ -142,3 +142,25 @@ def test_png_settings_are_read_from_chunk_headers_within_bounds(tmp_path):
     with pytest.raises(pngmeta.PngRejected, match="not a PNG"):
         pngmeta.read_settings_file(str(tmp_path / "not.png"))
     assert pngmeta.read_settings_file(_crafted_png(tmp_path / "plain.png", 64, 64)) is None
+
+
+def test_stop_flags_are_per_session_and_bounded(make_engine):
+    from types import SimpleNamespace
+
+    from tpu_demo.core.modes import ExecutionMode
+    from tpu_demo.web import handlers as web_handlers
+
+    ui = web_handlers.PageHandlers(make_engine(), web_handlers.UiSettings("tiny-flux", ExecutionMode.EAGER,
+                                                                          RequestLimits()))
+    anonymous = [ui._armed_stop(None) for _ in range(2)]
+    assert anonymous[0] is not anonymous[1] and not ui._stops  # callers without a session share nothing
+    ui.stop(None)
+    assert not any(flag.is_set() for flag in anonymous)
+    mine = ui._armed_stop(SimpleNamespace(session_hash="mine"))
+    ui.stop(SimpleNamespace(session_hash="someone-else"))
+    assert not mine.is_set()
+    ui.stop(SimpleNamespace(session_hash="mine"))
+    assert mine.is_set()
+    for index in range(web_handlers.MAX_ARMED_SESSIONS + 50):
+        ui.arm_stop_and_pick_seed(1, False, SimpleNamespace(session_hash=f"flood-{index}"))
+    assert len(ui._stops) == web_handlers.MAX_ARMED_SESSIONS

@@ -31,6 +31,12 @@ from tpu_demo.web.supervision import RequestSupervisor, StopReason
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
 
+#: Stop flags kept for sessions that clicked Generate; past this the oldest is forgotten (its run
+#: can then only be stopped by its time limit or disconnect), so a flood of invented sessions
+#: calling the unqueued click handler cannot grow memory without bound
+MAX_ARMED_SESSIONS = 10_000
+
+
 @dataclass(frozen=True)
 class UiSettings:
     start_model: str
@@ -304,7 +310,10 @@ class PageHandlers:
         session = self._session(request)
         if session is not None:
             with self._stops_lock:
+                self._stops.pop(session, None)
                 self._stops[session] = event
+                while len(self._stops) > MAX_ARMED_SESSIONS:  # session hashes are caller-chosen: bound them
+                    del self._stops[next(iter(self._stops))]  # the oldest armed flag
         return event
 
     def _armed_stop(self, request: gr.Request | None) -> threading.Event:
