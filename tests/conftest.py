@@ -7,6 +7,8 @@ import os
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("PYTHONWARNINGS", "ignore:<TorchTpu/Performance/TcMalloc/")
 
+import json  # noqa: E402
+import logging  # noqa: E402
 import socket  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -53,27 +55,56 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def launch_app(cache_dir):
-    """Start the real app (Gradio server on 127.0.0.1) from flags; returns (app, url)."""
+def start_app(cache_dir: Path, *flags: str):
+    """The real app (Gradio server on 127.0.0.1, free port) from flags; returns (app, url)."""
     from tpu_demo.launch.config import parse_config
     from tpu_demo.launch.serve import build_app, launch
 
+    port = free_port()
+    config = parse_config(["--port", str(port), "--cache-dir", str(cache_dir), "--compile-backend", "aot_eager",
+                           *flags], environ={})
+    app = build_app(config)
+    launch(app, prevent_thread_lock=True)
+    return app, f"http://127.0.0.1:{port}/"
+
+
+def stop_app(app) -> None:
+    app.demo.close()
+    app.engine.close()
+
+
+@pytest.fixture
+def launch_app(cache_dir):
+    """Start the real app from flags, as many as the test needs; each is closed after the test."""
     apps = []
 
     def start(*flags: str):
-        port = free_port()
-        config = parse_config(["--port", str(port), "--cache-dir", str(cache_dir), "--compile-backend", "aot_eager",
-                               *flags], environ={})
-        app = build_app(config)
-        launch(app, prevent_thread_lock=True)
+        app, url = start_app(cache_dir, *flags)
         apps.append(app)
-        return app, f"http://127.0.0.1:{port}/"
+        return app, url
 
     yield start
     for app in apps:
-        app.demo.close()
-        app.engine.close()
+        stop_app(app)
+
+
+@pytest.fixture(scope="module")
+def served_app(cache_dir):
+    """One app with default limits (no warmup) for a module's tests; each test leaves it as it found it."""
+    app, url = start_app(cache_dir, "--no-warmup")
+    yield app, url
+    stop_app(app)
+
+
+@pytest.fixture
+def request_log(caplog):
+    """The JSON lines the app wrote to the ``tpu_demo.requests`` logger during the test."""
+    caplog.set_level(logging.INFO, logger="tpu_demo.requests")
+
+    def lines():
+        return [json.loads(r.getMessage()) for r in caplog.records if r.name == "tpu_demo.requests"]
+
+    return lines
 
 
 def engine_images(engine, **fields) -> list:

@@ -50,3 +50,28 @@ def test_eager_modes_run_compiled_functions_eagerly():
     with execution_mode(ExecutionMode.COMPILED, device):
         fn(torch.ones(3))
     assert calls == [1]
+
+
+def test_a_tpu_host_where_torch_tpu_does_not_start_says_why_in_the_log():
+    """The real torch-tpu loader and accelerator checks, with chips reported by a scanner stand-in
+    (this machine has none): detection falls back to CPU and logs the reason, never silently."""
+    code = """
+import logging
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+from tpu_demo import device
+class ChipsVisible:  # torch-tpu's PCI scanner, as on a TPU host (reads /sys; none here)
+    get_tpu_device_count = staticmethod(lambda: 4)
+class ScanFails:
+    @staticmethod
+    def get_tpu_device_count():
+        raise OSError("permission denied: /sys/bus/pci")
+print("result", device._detect_tpu(ChipsVisible()), device._detect_tpu(ScanFails()))
+"""
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "result None None" in out.stdout
+    log = out.stderr
+    assert "tpu_demo.device WARNING 4 TPU chip(s) visible but torch-tpu did not start (" in log, log[-2000:]
+    assert "serving on CUDA/CPU" in log
+    assert "TPU detection failed (torch-tpu hardware scan raised OSError: permission denied: /sys/bus/pci)" in log

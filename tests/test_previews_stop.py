@@ -9,6 +9,7 @@ from gradio_client import Client
 from PIL import Image
 
 from tpu_demo.core import pngmeta
+from support import stopped_early
 from conftest import request_fields
 
 
@@ -77,6 +78,7 @@ def test_stop_ends_the_run_within_two_steps_and_keeps_finished_images(launch_app
     steps_after_stop = sum(1 for t in steps if t > stopped_at)
     assert steps_after_stop <= 2, f"{steps_after_stop} denoising steps ran after Stop"
     final = [item for item in job.outputs()[-1] if not is_preview(item)]
+    assert stopped_early(job, 3) == len(final)  # an error that counts the finished images, not a success
     # every image the server finished before Stop survives (the client may lag behind the server,
     # so count on the server: one transformer call per step, 50 steps per image); the aborted one is not decoded
     finished_before_stop = sum(1 for t in steps if t <= stopped_at) // 50

@@ -34,7 +34,8 @@ class TensorParallelServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1",
-               "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+               "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
+               "PYTHON": sys.executable}  # serve_tp.sh starts the ranks with the test run's interpreter
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.launcher = subprocess.Popen(

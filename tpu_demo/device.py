@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -18,6 +19,8 @@ from typing import Iterator
 import torch
 
 from tpu_demo.core.modes import ExecutionMode
+
+log = logging.getLogger("tpu_demo.device")
 
 
 @dataclass(frozen=True)
@@ -48,21 +51,27 @@ def _torch_tpu_hardware():
     return hardware
 
 
-def _tpu_runtime_ready() -> bool:
-    """True when torch-tpu has registered and initialised the "tpu" accelerator."""
+def _tpu_runtime_ready() -> tuple[bool, str]:
+    """Whether torch-tpu has registered and initialised the "tpu" accelerator, and if not, why."""
     try:
         accelerator = torch.accelerator.current_accelerator()
-        return accelerator is not None and accelerator.type == "tpu" and torch.accelerator.device_count() > 0
-    except Exception:  # noqa: BLE001 - no accelerator API / runtime refused
-        return False
+        if accelerator is None or accelerator.type != "tpu":
+            return False, f"the current accelerator is {getattr(accelerator, 'type', None)!r}, not 'tpu'"
+        count = torch.accelerator.device_count()
+        return count > 0, f"torch.accelerator.device_count() is {count}"
+    except Exception as error:  # noqa: BLE001 - no accelerator API / runtime refused
+        return False, f"{type(error).__name__}: {error}"
 
 
-def _load_torch_tpu() -> None:
-    """Load torch-tpu when autoload was disabled (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)."""
-    with contextlib.suppress(Exception):
+def _load_torch_tpu() -> str | None:
+    """Load torch-tpu when autoload was disabled (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``); why it failed, or None."""
+    try:
         import torch_tpu._loader
 
         torch_tpu._loader.load()
+    except Exception as error:  # noqa: BLE001 - reported by the caller, which falls back to CUDA/CPU
+        return f"torch_tpu._loader.load() raised {type(error).__name__}: {error}"
+    return None
 
 
 def detect_device(preferred: str | None = None) -> DeviceInfo:
@@ -71,18 +80,12 @@ def detect_device(preferred: str | None = None) -> DeviceInfo:
     ``preferred`` ("tpu", "cuda", "cpu") restricts detection, e.g. to force CPU on a TPU host.
     """
     hardware = _torch_tpu_hardware()
+    if preferred == "tpu" and hardware is None:
+        log.warning("TPU requested but torch-tpu is not importable here; falling back to CUDA/CPU")
     if preferred in (None, "tpu") and hardware is not None:
-        with contextlib.suppress(Exception):
-            if hardware.get_tpu_device_count() > 0:
-                if not _tpu_runtime_ready():
-                    _load_torch_tpu()
-                if _tpu_runtime_ready():
-                    return DeviceInfo(
-                        kind="tpu",
-                        count=torch.accelerator.device_count(),
-                        name=hardware.get_tpu_device_name(),
-                        memory_bytes_per_device=hardware.get_hbm_bytes_per_device(),
-                    )
+        tpu = _detect_tpu(hardware)
+        if tpu is not None:
+            return tpu
     if preferred in (None, "cuda") and torch.cuda.is_available():
         return DeviceInfo(
             kind="cuda",
@@ -91,6 +94,33 @@ def detect_device(preferred: str | None = None) -> DeviceInfo:
             memory_bytes_per_device=torch.cuda.get_device_properties(0).total_memory,
         )
     return DeviceInfo(kind="cpu", count=1, name="CPU", memory_bytes_per_device=_system_memory_bytes())
+
+
+def _detect_tpu(hardware) -> DeviceInfo | None:
+    """The TPU when chips are visible and torch-tpu starts on them; a failure is logged with its reason
+    (a TPU host that silently served on CPU would look like a slow TPU)."""
+    try:
+        chips = hardware.get_tpu_device_count()
+    except Exception as error:  # noqa: BLE001 - a scanner failure must not stop the app
+        log.warning("TPU detection failed (torch-tpu hardware scan raised %s: %s); serving on CUDA/CPU",
+                    type(error).__name__, error)
+        return None
+    if chips <= 0:
+        return None  # no chips: the normal case off TPU hosts, nothing to report
+    ready, why = _tpu_runtime_ready()
+    if not ready:
+        load_error = _load_torch_tpu()
+        ready, why = _tpu_runtime_ready()
+        why = load_error or why
+    if not ready:
+        log.warning("%d TPU chip(s) visible but torch-tpu did not start (%s); serving on CUDA/CPU", chips, why)
+        return None
+    try:
+        return DeviceInfo(kind="tpu", count=torch.accelerator.device_count(), name=hardware.get_tpu_device_name(),
+                          memory_bytes_per_device=hardware.get_hbm_bytes_per_device())
+    except Exception as error:  # noqa: BLE001
+        log.warning("TPU detection failed reading the chips (%s: %s); serving on CUDA/CPU", type(error).__name__, error)
+        return None
 
 
 def _system_memory_bytes() -> int | None:

@@ -64,3 +64,61 @@ def read_settings(image: Image.Image) -> dict[str, Any] | None:
     except (TypeError, ValueError):
         return None
     return {key: settings[key] for key in SETTINGS_FIELDS if key in settings} if isinstance(settings, dict) else None
+
+
+#: An uploaded PNG is refused past these: the largest bucket served is far smaller, and the
+#: settings chunk is a few hundred bytes. Checked from the chunk headers, before any decoding.
+MAX_UPLOAD_PIXELS = 4096 * 4096
+MAX_TEXT_CHUNK_BYTES = 64 * 1024
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_TEXT_CHUNKS = (b"tEXt", b"iTXt", b"zTXt")
+
+
+class PngRejected(ValueError):
+    """An uploaded file that is not read; ``str()`` says why, for the user."""
+
+
+def read_settings_file(path: str, max_pixels: int = MAX_UPLOAD_PIXELS,
+                       max_text_bytes: int = MAX_TEXT_CHUNK_BYTES) -> dict[str, Any] | None:
+    """The settings of an uploaded PNG without decoding its pixels, or None if it has none.
+
+    Walks the chunk headers: the size comes from IHDR and is bounded before anything else; the
+    text chunks this app writes come before the image data, so reading stops at the first IDAT
+    (a decompression bomb is never inflated, and a huge text chunk is refused by its length).
+    """
+    with open(path, "rb") as file:
+        if file.read(8) != _PNG_SIGNATURE:
+            raise PngRejected("this file is not a PNG; drop a PNG made by this app")
+        text: dict[str, str] = {}
+        while True:
+            header = file.read(8)
+            if len(header) < 8:
+                break
+            length, kind = int.from_bytes(header[:4], "big"), header[4:]
+            if kind == b"IHDR":
+                data = file.read(length)
+                width, height = int.from_bytes(data[0:4], "big"), int.from_bytes(data[4:8], "big")
+                if width * height > max_pixels:
+                    raise PngRejected(f"the PNG is {width}x{height} ({width * height / 1e6:.0f} megapixels); "
+                                      f"images made here are at most {max_pixels / 1e6:.0f} megapixels")
+            elif kind in _TEXT_CHUNKS:
+                if length > max_text_bytes:
+                    raise PngRejected(f"the PNG carries a {length / 1024:.0f} KiB text chunk; settings written "
+                                      f"here are under {max_text_bytes // 1024} KiB")
+                data = file.read(length)
+                if kind == b"tEXt":
+                    key, _, value = data.partition(b"\0")
+                    text[key.decode("latin-1")] = value.decode("latin-1")
+            elif kind in (b"IDAT", b"IEND"):
+                break
+            else:
+                file.seek(length, 1)
+            file.seek(4, 1)  # CRC
+    raw = text.get(JSON_KEY)
+    if not raw:
+        return None
+    try:
+        settings = json.loads(raw)
+    except ValueError:
+        return None
+    return {key: settings[key] for key in SETTINGS_FIELDS if key in settings} if isinstance(settings, dict) else None

@@ -67,9 +67,20 @@ class GenerationRequest:
         return data
 
 
+#: guidance a model with fixed guidance still accepts (and ignores): what any model here takes
+ANY_GUIDANCE = (0.0, 20.0)
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages (an API caller sent JSON, not Python)."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", list: "a list", dict: "an object", str: "text"}.get(type(value), type(value).__name__)
+
+
 def _integer(field: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or value is None:
-        raise RequestError(field, f"must be an integer from {low} to {high}, got {type(value).__name__}")
+        raise RequestError(field, f"must be an integer from {low} to {high}, got {_kind(value)}")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
             raise RequestError(field, f"must be a whole number from {low} to {high}, got {value!r}")
@@ -80,7 +91,7 @@ def _integer(field: str, value: Any, low: int, high: int) -> int:
         except ValueError:
             raise RequestError(field, f"must be an integer from {low} to {high}, got {value[:20]!r}") from None
     elif not isinstance(value, int):
-        raise RequestError(field, f"must be an integer from {low} to {high}, got {type(value).__name__}")
+        raise RequestError(field, f"must be an integer from {low} to {high}, got {_kind(value)}")
     if not low <= value <= high:
         raise RequestError(field, f"must be from {low} to {high}, got {value}")
     return value
@@ -88,10 +99,10 @@ def _integer(field: str, value: Any, low: int, high: int) -> int:
 
 def _number(field: str, value: Any, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise RequestError(field, f"must be a number from {low} to {high}, got {type(value).__name__}")
+        raise RequestError(field, f"must be a number from {low} to {high}, got {_kind(value)}")
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise RequestError(field, f"must be a number from {low} to {high}, got {str(value)[:20]!r}") from None
     if not math.isfinite(number) or not low <= number <= high:
         raise RequestError(field, f"must be from {low} to {high}, got {str(value)[:20]}")
@@ -101,14 +112,15 @@ def _number(field: str, value: Any, low: float, high: float) -> float:
 def _boolean(field: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    if value in (0, 1) and not isinstance(value, float):
+    if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    raise RequestError(field, f"must be true or false, got {str(value)[:20]!r}")
+    shown = repr(value)[:20] if isinstance(value, (int, float, str)) else _kind(value)
+    raise RequestError(field, f"must be true or false, got {shown}")
 
 
 def _prompt(value: Any, max_chars: int) -> str:
     if not isinstance(value, str):
-        raise RequestError("prompt", f"must be text, got {type(value).__name__}")
+        raise RequestError("prompt", f"must be text, got {_kind(value)}")
     prompt = value.strip()
     if not prompt:
         raise RequestError("prompt", "is empty; describe the image you want")
@@ -119,25 +131,43 @@ def _prompt(value: Any, max_chars: int) -> str:
     return prompt
 
 
-def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimits()) -> GenerationRequest:
-    """Check every field of a raw request (from the UI or the API) against the model's limits."""
-    model_id = raw.get("model")
-    if not isinstance(model_id, str):
-        raise RequestError("model", f"must be a model id, got {type(model_id).__name__}")
+def check_model(value: Any, limits: RequestLimits = RequestLimits()) -> ModelSpec:
+    """The offered model named ``value`` (any handler that takes a model id checks it here)."""
+    if not isinstance(value, str):
+        raise RequestError("model", f"must be a model id, got {_kind(value)}")
     try:
-        spec: ModelSpec = get_spec(model_id, limits.offered_models)
+        return get_spec(value, limits.offered_models)
     except KeyError as error:
         raise RequestError("model", str(error.args[0])) from None
-    mode_value = raw.get("mode")
+
+
+def check_mode(value: Any, limits: RequestLimits = RequestLimits()) -> ExecutionMode:
+    """The offered execution mode named ``value``."""
     offered_modes = ", ".join(mode.value for mode in limits.offered_modes)
+    if not isinstance(value, str):
+        raise RequestError("mode", f"must be one of: {offered_modes}, got {_kind(value)}")
     try:
-        mode = ExecutionMode(mode_value)
+        mode = ExecutionMode(value)
     except ValueError:
-        raise RequestError("mode", f"{str(mode_value)[:40]!r} is not a mode; choose one of: {offered_modes}") from None
+        raise RequestError("mode", f"{value[:40]!r} is not a mode; choose one of: {offered_modes}") from None
     if mode not in limits.offered_modes:
         raise RequestError("mode", f"{mode.value!r} is not offered here; choose one of: {offered_modes}")
+    return mode
+
+
+def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimits()) -> GenerationRequest:
+    """Check every field of a raw request (from the UI or the API) against the model's limits.
+
+    Every field is checked whether or not the model uses it (a NaN guidance is refused even where
+    the model's guidance is fixed); optional fields may be left out, but not sent as null.
+    """
+    spec = check_model(raw.get("model"), limits)
+    mode = check_mode(raw.get("mode"), limits)
+    resolution = raw.get("resolution")
+    if not isinstance(resolution, str):
+        raise RequestError("resolution", f"must be text like \"{spec.buckets[0]}\", got {_kind(resolution)}")
     try:
-        bucket = Bucket.parse(raw.get("resolution", ""), spec.size_multiple)
+        bucket = Bucket.parse(resolution, spec.size_multiple)
     except BucketError as error:
         raise RequestError("resolution", str(error)) from None
     if bucket not in spec.buckets:
@@ -146,7 +176,9 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
     steps = _integer("num_inference_steps", raw.get("num_inference_steps", spec.default_steps),
                      spec.min_steps, spec.max_steps)
     if spec.guidance_range is None:
-        guidance = spec.default_guidance  # fixed by the model (e.g. distilled schnell): not an input
+        # fixed by the model (e.g. distilled schnell): checked like any number, then not used
+        _number("guidance_scale", raw.get("guidance_scale", spec.default_guidance), *ANY_GUIDANCE)
+        guidance = spec.default_guidance
     else:
         guidance = _number("guidance_scale", raw.get("guidance_scale", spec.default_guidance), *spec.guidance_range)
     return GenerationRequest(

@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.image_record import image_parameters, image_timings
 from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
 from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
+from tpu_demo.engine.warmup_lane import WarmupLane
 from tpu_demo.models.placement import compile_for_placement, describe_placement
 
 __all__ = ["Engine", "EngineConfig", "EngineError"]
@@ -81,6 +83,10 @@ class Engine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._busy = threading.Event()
         self._closing = threading.Event()
+        self._warmup_lane = WarmupLane()
+        #: models a running or queued request needs (model id -> count): warmups never evict them
+        self._in_use: Counter[str] = Counter()
+        self._in_use_lock = threading.Lock()
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {
             model_id: get_spec(model_id).with_buckets(config.bucket_overrides[model_id])
@@ -162,10 +168,13 @@ class Engine:
         return self.submit(lambda: self.pool.load(spec).pipeline).result()
 
     def warmup(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
-               stop: threading.Event | None = None) -> list[BucketStatus]:
+               stop: threading.Event | None = None, may_evict: bool = True) -> list[BucketStatus]:
         """Warm each bucket of ``model_id`` in ``mode``, one device job per bucket (blocking).
 
-        A bucket whose warmup fails is marked failed; the others still warm.
+        A bucket whose warmup fails is marked failed; the others still warm. With
+        ``may_evict=False`` (warmups a visitor triggers) nothing loaded is freed for it: if the
+        model does not fit next to the loaded ones, the warmup is skipped and the first
+        generation that asks for the model loads it.
         """
         spec = self.spec(model_id)
         results = []
@@ -173,20 +182,24 @@ class Engine:
             if (stop is not None and stop.is_set()) or self._closing.is_set():
                 break
             key = self.shape_key(spec, mode, bucket, spec.default_guidance)
-            results.append(self.submit(lambda b=bucket, k=key: self._warm_bucket(spec, mode, b, k)).result())
+            status = self.submit(lambda b=bucket, k=key: self._warm_bucket(spec, mode, b, k, may_evict)).result()
+            if status is None:
+                log.info("warmup of %s %s skipped: it would free a loaded model", model_id, mode.value)
+                break
+            results.append(status)
         return results
 
-    def warmup_in_background(self, model_id: str, mode: ExecutionMode,
-                             buckets: tuple[Bucket, ...] | None = None) -> threading.Thread:
-        def run() -> None:
-            try:
-                self.warmup(model_id, mode, buckets)
-            except Exception:  # noqa: BLE001 - bucket states already say what failed
-                log.exception("background warmup of %s failed", model_id)
+    def warmup_in_background(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
+                             may_evict: bool = True) -> threading.Thread:
+        """Warm in a background thread; coalesced: while a warmup of (model, mode) is pending or
+        running, asking again returns that one. Background warmups run one at a time, and each
+        bucket is its own device job, so a request waits for at most one bucket's warmup."""
+        self.spec(model_id)  # unknown model: EngineError here, not in the thread
+        return self._warmup_lane.start(model_id, mode, lambda: self.warmup(model_id, mode, buckets, may_evict=may_evict))
 
-        thread = threading.Thread(target=run, name=f"warmup-{model_id}", daemon=True)
-        thread.start()
-        return thread
+    def pending_warmups(self) -> list[tuple[str, str]]:
+        """(model, mode) of every background warmup pending or running."""
+        return self._warmup_lane.pending()
 
     def generate(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
         """Run a validated request; yields Compiling, StepProgress, ImageResult and Stopped events.
@@ -199,6 +212,8 @@ class Engine:
             raise EngineError(self.lockstep.failure)
         events: queue.Queue = queue.Queue()
         done = object()
+        with self._in_use_lock:
+            self._in_use[request.model] += 1  # from now until the request ends: no warmup evicts it
 
         def job() -> None:
             try:
@@ -226,6 +241,10 @@ class Engine:
                 yield event
         finally:
             stop.set()  # a consumer that stops listening stops the job
+            with self._in_use_lock:
+                self._in_use[request.model] -= 1
+                if self._in_use[request.model] <= 0:
+                    del self._in_use[request.model]
 
     def close(self) -> None:
         """Drop queued jobs, wait for the running one, and free every loaded model."""
@@ -266,11 +285,21 @@ class Engine:
             return contextlib.nullcontext()
         return self.lockstep.leading(message, passthrough=(DecodeSkipped, EngineError))
 
-    def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, key: ShapeKey) -> BucketStatus:
+    def models_in_use(self) -> set[str]:
+        """Models a running or queued request needs."""
+        with self._in_use_lock:
+            return set(self._in_use)
+
+    def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, key: ShapeKey,
+                     may_evict: bool = True) -> BucketStatus | None:
+        """Warm one bucket (device thread); None when that would free a model it may not free."""
         if self.book.is_warm(key):
             return self.book.snapshot(key)
+        keep = frozenset(self.pool.loaded_ids() if not may_evict else self.models_in_use())
+        if not self.pool.fits_keeping(spec, keep):
+            return None
         try:
-            loaded = self.pool.load(spec)
+            loaded = self.pool.load(spec, keep)
             # a guidance that runs at the key's batch size: the model's default, else one that (does not) double it
             default_key = self.shape_key(spec, mode, bucket, spec.default_guidance)
             guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 else 1.0)

@@ -63,14 +63,27 @@ class ModelPool:
     def items(self) -> list[tuple[str, LoadedModel]]:
         return list(self._models.items())
 
+    def loaded_ids(self) -> list[str]:
+        return list(self._models)
+
+    def fits_keeping(self, spec: ModelSpec, keep: set[str]) -> bool:
+        """Whether ``spec`` can be loaded (or is loaded) without freeing any model in ``keep``."""
+        if spec.id in self._models:
+            return True
+        kept = [m for m in self._models.values() if m.spec.id in keep]
+        if not kept:
+            return True
+        budget = self.settings.memory_budget_gb
+        return budget is not None and sum(m.weight_bytes for m in kept) / 1e9 + spec.total_gb <= budget
+
     def placement_for(self, spec: ModelSpec) -> Placement:
         loaded = self._models.get(spec.id)
         if loaded is not None:
             return loaded.placement
         return choose_placement(spec, self.device, self.settings.placement_override, self.world_size)
 
-    def load(self, spec: ModelSpec) -> LoadedModel:
-        """The loaded model for ``spec``, loading (and evicting others) first if needed."""
+    def load(self, spec: ModelSpec, keep: frozenset[str] = frozenset()) -> LoadedModel:
+        """The loaded model for ``spec``, loading (and evicting others, never those in ``keep``) first if needed."""
         loaded = self._models.get(spec.id)
         if loaded is not None:
             loaded.last_used = time.monotonic()
@@ -86,7 +99,7 @@ class ModelPool:
         with self.in_lockstep(LoadModel(spec.id)):
             try:
                 ensure_available(spec)  # before freeing anything: a missing model must not evict the others
-                self._make_room_for(spec)
+                self._make_room_for(spec, keep)
                 started = time.perf_counter()
                 if placement is Placement.TENSOR_PARALLEL:
                     pipeline = self.lockstep.load_pipeline(spec, self.settings.models_dir)
@@ -103,14 +116,14 @@ class ModelPool:
                  time.perf_counter() - started)
         return loaded
 
-    def _make_room_for(self, spec: ModelSpec) -> None:
-        """Free loaded models (least recently used first) until ``spec`` fits the memory budget."""
+    def _make_room_for(self, spec: ModelSpec, keep: frozenset[str] = frozenset()) -> None:
+        """Free loaded models (least recently used first, none in ``keep``) until ``spec`` fits the memory budget."""
         budget = self.settings.memory_budget_gb
-        while self._models:
+        while victims := [m for m in self._models.values() if m.spec.id not in keep]:
             held_gb = sum(m.weight_bytes for m in self._models.values()) / 1e9
             if budget is not None and held_gb + spec.total_gb <= budget:
                 return
-            victim = min(self._models.values(), key=lambda m: m.last_used)
+            victim = min(victims, key=lambda m: m.last_used)
             self.unload(victim.spec.id)
 
     def unload(self, model_id: str) -> None:

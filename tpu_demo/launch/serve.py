@@ -92,8 +92,10 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
                                                        log_prompts=config.log_prompts))
     ui = PageHandlers(engine, settings, supervisor)
     demo = build_page(ui)
-    # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too
-    demo.queue(max_size=None, default_concurrency_limit=1)
+    # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too.
+    # api_open=False closes POST /run/generate and /api/generate, which would call the handler
+    # beside the queue (no concurrency limit, no admission): Generate is reached through the queue only.
+    demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
@@ -115,7 +117,9 @@ def hardening_app_kwargs(app: App) -> dict:
         "routes": [health_route(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active)],
         "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
                                   current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
-                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API))],
+                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API),
+                                  event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
+                                      app.demo, fn_index, api_name))],
     }
 
 

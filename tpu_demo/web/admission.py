@@ -12,6 +12,11 @@ again." and gradio_client raises ``QueueError("Queue is full! Please try again."
 Gradio's queue itself (gradio_queue.py), so a request that ends, is cancelled or loses its
 client frees its place without bookkeeping here.
 
+Every other call of an event handler (``/run/...``, ``/api/...``, the queue join of any handler)
+passes through here too, for one check: its ``data`` must be a JSON list with one value per input
+(a missing or extra value gets HTTP 422 naming the input), and the body at most 1 MiB.
+``/run/`` and ``/api/`` of queued events (Generate) are closed by Gradio (``api_open=False``).
+
 The address is the connecting peer as uvicorn reports it; behind a reverse proxy uvicorn takes it
 from ``X-Forwarded-For`` when the proxy's address is in ``FORWARDED_ALLOW_IPS`` (default
 127.0.0.1), so a proxy on the same host works as is.
@@ -22,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
-from tpu_demo.web.gradio_queue import QueuedEvent
+from tpu_demo.web.gradio_queue import EventInputs, QueuedEvent
 
 log = logging.getLogger("tpu_demo.requests")
 
@@ -38,8 +45,34 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 #: client), so a refusal is re-checked for this long before it is sent
 _RECHECK_SECONDS = 0.5
 
-#: request bodies larger than this are not inspected for a session hash (the address still counts)
-_MAX_JOIN_BODY = 1 << 20
+#: event calls carry a prompt and a few numbers (files go through /upload): larger bodies are refused
+MAX_CALL_BODY = 1 << 20
+
+#: seconds between two warmups one address may trigger by switching model or mode
+WARMUP_INTERVAL_SECONDS = 10.0
+
+
+class WarmupThrottle:
+    """At most one visitor-triggered warmup per address every ``interval`` seconds.
+
+    Keyed by address, not session: a session hash is whatever the caller sends.
+    """
+
+    def __init__(self, interval: float = WARMUP_INTERVAL_SECONDS):
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, client_host: str | None) -> bool:
+        now = time.monotonic()
+        key = client_host or "unknown"
+        with self._lock:
+            if len(self._last) > 4096:  # forget addresses whose interval is over
+                self._last = {host: at for host, at in self._last.items() if now - at < self.interval}
+            if now - self._last.get(key, -self.interval) < self.interval:
+                return False
+            self._last[key] = now
+            return True
 
 
 @dataclass(frozen=True)
@@ -74,10 +107,31 @@ def busy_reason(limits: AdmissionLimits, session_hash: str | None, client_host: 
 
 
 def _is_join(scope: Scope) -> bool:
+    path = scope.get("path", "")
+    return path.endswith("/gradio_api/queue/join") or "/gradio_api/call/" in path
+
+
+def _is_event_call(scope: Scope) -> bool:
+    """A POST that runs an event handler: a queue join, /call/, /run/ or /api/."""
     if scope.get("type") != "http" or scope.get("method") != "POST":
         return False
     path = scope.get("path", "")
-    return path.endswith("/gradio_api/queue/join") or "/gradio_api/call/" in path
+    return _is_join(scope) or "/gradio_api/run/" in path or "/gradio_api/api/" in path
+
+
+def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False) -> str | None:
+    """Why ``data`` is not one value per input of the handler, naming the input; None if it is."""
+    names = inputs.names
+    takes = (f"{inputs.api_name or 'this event'} takes {len(names)} value(s): {', '.join(names)}" if names
+             else f"{inputs.api_name or 'this event'} takes no values")
+    if not isinstance(data, list):
+        return f"data: must be a list of values; {takes}"
+    expected = len(names) - inputs.server_side if simple_format and len(data) != len(names) else len(names)
+    if len(data) < expected:
+        return f"{names[len(data)]}: missing; {takes}"
+    if len(data) > expected:
+        return f"data: {len(data)} value(s), {len(data) - expected} too many; {takes}"
+    return None
 
 
 class AdmissionMiddleware:
@@ -89,20 +143,32 @@ class AdmissionMiddleware:
     """
 
     def __init__(self, app: Callable, limits: AdmissionLimits, api_name: str,
-                 current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]]):
+                 current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]],
+                 event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None):
         self.app = app
         self.limits = limits
         self.api_name = api_name
         self.current_events = current_events
         self.fn_ids = fn_ids
+        self.event_inputs = event_inputs
         self._joining: list[QueuedEvent] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not _is_join(scope):
+        if not _is_event_call(scope):
             await self.app(scope, receive, send)
             return
         body, more = await _read_body(receive)
-        if not self._limited(scope, body, more):
+        if more:
+            await _json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
+                                                       "event calls carry a prompt and a few values"})
+            return
+        refusal = self._arity(scope, body)
+        if refusal is not None:
+            if self._limited(scope, body, more):
+                log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
+            await _json_response(send, 422, {"detail": refusal})
+            return
+        if not _is_join(scope) or not self._limited(scope, body, more):
             await self.app(scope, _replay(body, more, receive), send)
             return
         session_hash = _json_field(body, "session_hash") if not more else None
@@ -125,8 +191,29 @@ class AdmissionMiddleware:
             self._joining.remove(joining)
 
 
+    def _arity(self, scope: Scope, body: bytes) -> str | None:
+        """A call whose ``data`` does not fit the handler it names; Gradio would answer it with no
+        message (too few) or a crash (too many)."""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return None  # Gradio answers malformed JSON with 422 itself
+        if not isinstance(payload, dict) or "data" not in payload:
+            return None
+        path = scope.get("path", "").rstrip("/")
+        api_name = path.rsplit("/", 1)[-1]
+        if "/gradio_api/call/v2/" in path:
+            return None  # named arguments: Gradio matches them to the inputs by name
+        if "/gradio_api/call/" in path:
+            inputs = self.event_inputs(None, api_name)
+            return arity_error(inputs, payload["data"], simple_format=True) if inputs else None
+        inputs = self.event_inputs(payload.get("fn_index"), None if path.endswith("/queue/join") else api_name)
+        return arity_error(inputs, payload["data"]) if inputs else None
+
     def _limited(self, scope: Scope, body: bytes, more: bool) -> bool:
         path = scope.get("path", "")
+        if not _is_join(scope):
+            return False
         if "/gradio_api/call/" in path:
             return path.rstrip("/").rsplit("/", 1)[-1] == self.api_name
         fn_index = _json_field(body, "fn_index") if not more else None
@@ -138,7 +225,7 @@ class AdmissionMiddleware:
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
-    """The request body up to _MAX_JOIN_BODY; ``more`` is True if it goes on past that."""
+    """The request body up to MAX_CALL_BODY; ``more`` is True if it goes on past that."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -150,7 +237,7 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
         size += len(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks), False
-        if size > _MAX_JOIN_BODY:
+        if size > MAX_CALL_BODY:
             return b"".join(chunks), True
 
 

@@ -5,11 +5,12 @@ Gradio 6.31 has no public API for "which requests does this client have waiting 
 queue holds all three (``Blocks._queue``: waiting events per concurrency id, ``active_jobs``,
 ``Event.alive`` cleared when the client's stream closes, ``Event.enqueue_time``), so they are
 read here and nowhere else. Every accessor degrades to "unknown" (never raises) if a Gradio
-upgrade renames them, and tests/test_hardening.py exercises each one against the real queue.
+upgrade renames them, and tests/test_limits.py and tests/test_routes.py exercise each one against the real queue.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -33,6 +34,37 @@ def _queue(blocks: gr.Blocks | None) -> Any:
 def fn_ids(blocks: gr.Blocks, api_name: str) -> set[int]:
     """The ids (``fn_index`` in queue joins) of the event handlers behind ``api_name``."""
     return {fn_id for fn_id, fn in blocks.fns.items() if getattr(fn, "api_name", None) == api_name}
+
+
+@dataclass(frozen=True)
+class EventInputs:
+    """What an event handler takes: its api name and the names of its input values, in order."""
+
+    api_name: str | None
+    names: tuple[str, ...]
+    #: inputs the simple ``/call/`` format leaves out (gr.State): their values live on the server
+    server_side: int = 0
+
+
+def event_inputs(blocks: gr.Blocks, fn_index: Any = None, api_name: str | None = None) -> EventInputs | None:
+    """The handler a call names (by ``fn_index``, else by ``api_name``), or None if it names none."""
+    fns = getattr(blocks, "fns", {})
+    if isinstance(fn_index, int) and not isinstance(fn_index, bool):
+        fn = fns.get(fn_index)
+    else:
+        fn = next((f for f in fns.values() if api_name is not None and getattr(f, "api_name", None) == api_name), None)
+    if fn is None:
+        return None
+    inputs = list(getattr(fn, "inputs", []))
+    try:
+        parameters = [name for name in inspect.signature(fn.fn).parameters if name != "self"]
+    except (TypeError, ValueError):
+        parameters = []
+    # our handlers take their inputs first, then Gradio's injected request / progress / event data
+    names = tuple(parameters[:len(inputs)]) if len(parameters) >= len(inputs) else tuple(
+        f"input {i + 1}" for i in range(len(inputs)))
+    return EventInputs(getattr(fn, "api_name", None), names,
+                       sum(1 for block in inputs if getattr(block, "skip_api", False)))
 
 
 def pending_events(blocks: gr.Blocks, api_name: str) -> Iterator[QueuedEvent]:

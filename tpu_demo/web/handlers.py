@@ -24,11 +24,18 @@ from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, StepProgress, Stopped
 from tpu_demo.web.gradio_queue import CurrentEvent
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, validate_request
+from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
+from tpu_demo.web.admission import WarmupThrottle
 from tpu_demo.web.supervision import RequestSupervisor, StopReason
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
+
+#: Stop flags kept for sessions that clicked Generate; past this the oldest is forgotten (its run
+#: can then only be stopped by its time limit or disconnect), so a flood of invented sessions
+#: calling the unqueued click handler cannot grow memory without bound
+MAX_ARMED_SESSIONS = 10_000
+
 
 @dataclass(frozen=True)
 class UiSettings:
@@ -46,13 +53,15 @@ def example_prompts(spec: ModelSpec) -> list[str]:
 
 
 def read_png_settings(path: str | Path | None) -> dict | None:
-    """Settings from a PNG file that Gradio handed us (its own cache), or None."""
+    """Settings from a PNG file that Gradio handed us (its own cache), or None; bounded, never decoded.
+
+    Raises pngmeta.PngRejected (the reason, for the user) for a file past the size limits.
+    """
     if not path:
         return None
     try:
-        with Image.open(path) as image:
-            return pngmeta.read_settings(image)
-    except (OSError, ValueError):
+        return pngmeta.read_settings_file(str(path))
+    except OSError:
         return None
 
 
@@ -103,10 +112,12 @@ def _user_error(message: str, title: str) -> gr.Error:
 class PageHandlers:
     """The handlers of one page around one engine; holds each session's Stop flag."""
 
-    def __init__(self, engine: "Engine", settings: UiSettings, supervisor: RequestSupervisor | None = None):
+    def __init__(self, engine: "Engine", settings: UiSettings, supervisor: RequestSupervisor | None = None,
+                 warmup_throttle: WarmupThrottle | None = None):
         self.engine = engine
         self.settings = settings
         self.supervisor = supervisor or RequestSupervisor()
+        self.warmup_throttle = warmup_throttle or WarmupThrottle()
         self._stops: dict[str, threading.Event] = {}
         self._stops_lock = threading.Lock()
 
@@ -146,12 +157,11 @@ class PageHandlers:
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield list(gallery)
                 elif isinstance(event, Stopped):
+                    # never a success with a short gallery: the images streamed so far stay on the
+                    # page, and every caller is told how many of its images were finished
                     run.stopped(event)
-                    if run.stop_reason in (StopReason.TIMEOUT, StopReason.SHUTDOWN):
-                        raise _user_error(run.stop_message(event, total), "Stopped")
-                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {total} images finished.")
                     yield list(gallery)
-                    return
+                    raise _user_error(run.stop_message(event, total), "Stopped")
         except gr.Error:
             raise
         except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
@@ -164,16 +174,33 @@ class PageHandlers:
 
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
+        session = self._session(request)
         with self._stops_lock:
-            event = self._stops.get(self._session(request))
+            event = self._stops.get(session) if session is not None else None
         if event is not None:
             event.set()
 
-    def switch_model(self, model_id: str, mode: str):
-        """A user picked another model: its defaults, and load + warm it in the background."""
-        spec = self.engine.spec(model_id)
-        self.engine.warmup_in_background(model_id, ExecutionMode(mode))
-        return self._model_controls(spec, str(spec.buckets[0]), spec.default_steps, spec.default_guidance, mode)
+    def switch_model(self, model_id: Any, mode: Any, request: gr.Request = None):
+        """A user picked another model: its defaults, and warm it in the background (see _warm)."""
+        spec, mode = self._checked(model_id, mode)
+        self._warm(spec.id, mode, request)
+        return self._model_controls(spec, str(spec.buckets[0]), spec.default_steps, spec.default_guidance, mode.value)
+
+    def _checked(self, model_id: Any, mode: Any) -> tuple[ModelSpec, ExecutionMode]:
+        """Model and mode from any handler's input, checked like a generation's."""
+        try:
+            spec = check_model(model_id, self.settings.limits)
+            return self.engine.spec(spec.id), check_mode(mode, self.settings.limits)
+        except RequestError as error:
+            raise _user_error(str(error), "Invalid input") from None
+
+    def _warm(self, model_id: str, mode: ExecutionMode, request: gr.Request | None) -> None:
+        """What a visitor may trigger without a generation: one background warmup per address
+        every ``WarmupThrottle.interval`` seconds, coalesced per (model, mode) by the engine, and
+        never one that frees a loaded model (the first generation for a model that does not fit
+        loads it, under the generation limits)."""
+        if self.warmup_throttle.allow(getattr(getattr(request, "client", None), "host", None)):
+            self.engine.warmup_in_background(model_id, mode, may_evict=False)
 
     def _model_controls(self, spec: ModelSpec, resolution: str, steps: int, guidance: float, mode: str):
         """Updates for (resolution, steps, guidance, header, details) showing ``spec``'s limits."""
@@ -187,45 +214,54 @@ class PageHandlers:
             self.details_markdown(spec.id, mode),
         )
 
-    def restore_settings(self, image_path: str | None, mode: str):
-        """Fill the controls from a PNG this app made (gallery selection or a dropped file)."""
-        settings = read_png_settings(image_path)
+    def restore_settings(self, image_path: Any, mode: Any):
+        """Fill the controls from a PNG this app made (gallery selection or a dropped file).
+
+        The settings are checked as a generation would check them: a PNG edited by hand cannot
+        put values in the controls that Generate would refuse.
+        """
+        _, mode = self._checked(self.settings.start_model, mode)
+        try:
+            settings = read_png_settings(image_path if isinstance(image_path, str) else None)
+        except pngmeta.PngRejected as error:
+            raise _user_error(f"image: {error}", "Invalid input") from None
         if settings is None:
             gr.Warning("This image carries no settings from this app.")
             return (gr.skip(),) * 10
-        model_id = settings.get("model")
-        if model_id not in self.engine.specs:
-            gr.Warning(f"The image was made with {model_id!r}, which is not offered here.")
+        try:
+            checked = validate_request({"mode": mode.value, **settings}, self.settings.limits)
+        except RequestError as error:
+            gr.Warning(f"The image's settings are not served here ({error}).")
             return (gr.skip(),) * 10
-        spec = self.engine.spec(model_id)
-        mode = settings.get("mode", mode)
-        restored = self._model_controls(spec, settings.get("resolution", str(spec.buckets[0])),
-                                        settings.get("num_inference_steps", spec.default_steps),
-                                        settings.get("guidance_scale", spec.default_guidance), mode)
+        spec = self.engine.spec(checked.model)
+        restored = self._model_controls(spec, checked.resolution, checked.num_inference_steps,
+                                        checked.guidance_scale, checked.mode.value)
         gr.Info("Settings restored from the image.")
-        return (settings.get("prompt", ""), model_id, mode, *restored[:3], settings.get("seed", 0), False,
-                *restored[3:])
+        return (checked.prompt, checked.model, checked.mode.value, *restored[:3], checked.seed, False, *restored[3:])
 
-    def restore_from_gallery(self, gallery: list | None, selected: int | None, mode: str):
-        if not gallery or selected is None or selected >= len(gallery):
+    def restore_from_gallery(self, gallery: Any, selected: Any, mode: Any):
+        if not isinstance(gallery, list) or not isinstance(selected, int) or not 0 <= selected < len(gallery):
             gr.Warning("Select an image in the gallery first.")
             return (gr.skip(),) * 10
         item = gallery[selected]
-        path = item[0] if isinstance(item, (list, tuple)) else item
+        path = item[0] if isinstance(item, (list, tuple)) and item else item
         return self.restore_settings(path, mode)
 
     @staticmethod
     def remember_selection(event: gr.SelectData) -> int:
         return event.index
 
-    def switch_mode(self, model_id: str, mode: str):
-        self.engine.warmup_in_background(model_id, ExecutionMode(mode))
-        return self.details_markdown(model_id, mode)
+    def switch_mode(self, model_id: Any, mode: Any, request: gr.Request = None):
+        spec, mode = self._checked(model_id, mode)
+        self._warm(spec.id, mode, request)
+        return self.details_markdown(spec.id, mode.value)
 
-    def bucket_table(self, model_id: str, mode: str) -> str:
+    def bucket_table(self, model_id: Any, mode: Any) -> str:
         """Markdown table of the model's buckets in ``mode``: cold / compiling / warm / failed."""
+        spec, mode = self._checked(model_id, mode)
+        model_id = spec.id
         status = self.engine.status()
-        rows = self.engine.buckets_for(model_id, ExecutionMode(mode))
+        rows = self.engine.buckets_for(model_id, mode)
         icons = {BucketState.COLD: "\u25cb cold", BucketState.COMPILING: "\u25d4 compiling",
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
         tones = {BucketState.COLD: "none", BucketState.COMPILING: "wait", BucketState.WARM: "ok", BucketState.FAILED: "bad"}
@@ -241,7 +277,7 @@ class PageHandlers:
         lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
 
-    def arm_stop_and_pick_seed(self, seed: Any, randomize: bool, request: gr.Request = None) -> int:
+    def arm_stop_and_pick_seed(self, seed: Any, randomize: Any, request: gr.Request = None) -> int:
         """Runs at the click, before the queue: arm this session's Stop flag, then pick the seed.
 
         Stop only sets that flag (no Gradio cancel, which would kill the handler before it can
@@ -252,35 +288,46 @@ class PageHandlers:
         return self.pick_seed(seed, randomize)
 
     @staticmethod
-    def pick_seed(seed: Any, randomize: bool) -> int:
-        if randomize:
+    def pick_seed(seed: Any, randomize: Any) -> int:
+        """A random seed, else ``seed`` if it is a valid one (Generate checks it again), else 0."""
+        if randomize is True:
             return random.randint(0, MAX_SEED)
         try:
-            return int(seed)
-        except (TypeError, ValueError):
+            value = int(seed)
+        except (TypeError, ValueError, OverflowError):
             return 0
+        return value if 0 <= value <= MAX_SEED else 0
 
     # ---- helpers --------------------------------------------------------------------------
     @staticmethod
-    def _session(request: gr.Request | None) -> str:
-        return getattr(request, "session_hash", None) or "anonymous"
+    def _session(request: gr.Request | None) -> str | None:
+        """The caller's session; None for a call without one (it gets a flag nobody else holds)."""
+        session = getattr(request, "session_hash", None)
+        return session if isinstance(session, str) and session else None
 
     def _new_stop(self, request: gr.Request | None) -> threading.Event:
         event = threading.Event()
-        with self._stops_lock:
-            self._stops[self._session(request)] = event
+        session = self._session(request)
+        if session is not None:
+            with self._stops_lock:
+                self._stops.pop(session, None)
+                self._stops[session] = event
+                while len(self._stops) > MAX_ARMED_SESSIONS:  # session hashes are caller-chosen: bound them
+                    del self._stops[next(iter(self._stops))]  # the oldest armed flag
         return event
 
     def _armed_stop(self, request: gr.Request | None) -> threading.Event:
         """The flag armed at the click (API calls have none: they get a fresh one)."""
+        session = self._session(request)
         with self._stops_lock:
-            event = self._stops.get(self._session(request))
+            event = self._stops.get(session) if session is not None else None
         return event if event is not None else self._new_stop(request)
 
     def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
+        session = self._session(request)
         with self._stops_lock:
-            if self._stops.get(self._session(request)) is event:
-                del self._stops[self._session(request)]
+            if session is not None and self._stops.get(session) is event:
+                del self._stops[session]
 
     @staticmethod
     def resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:

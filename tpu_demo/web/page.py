@@ -56,8 +56,10 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
                 selected = gr.State(None)
                 with gr.Row():
                     reuse_button = gr.Button("Reuse settings of the selected image", size="sm")
-                dropped = gr.Image(label="Drop a PNG made here to restore its settings", type="filepath",
-                                   sources=["upload"], image_mode=None, height=140)
+                # a File, not an Image: Gradio's Image opens uploads with PIL; the PNG is read here
+                # from its chunk headers only (bounded size, never decoded: pngmeta.read_settings_file)
+                dropped = gr.File(label="Drop a PNG made here to restore its settings", type="filepath",
+                                  file_types=[".png"], file_count="single", height=140, elem_id="restore-png")
                 examples = example_prompts(spec)
                 if examples:
                     gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try",

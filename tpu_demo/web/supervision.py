@@ -75,12 +75,16 @@ class SupervisedRun:
         self.record.outcome, self.record.error = "failed", message
 
     def stop_message(self, event: Stopped, total: int) -> str:
-        """What to tell the user about a stop they did not ask for."""
+        """What to tell the caller about a request that ended early (an error, never a success)."""
         done = f"{event.completed} of {total} images finished"
         if self.stop_reason is StopReason.TIMEOUT:
             return (f"Time limit: this request generated for longer than {self.supervisor.settings.request_timeout:g} s "
                     f"and was stopped ({done}). Try fewer steps or images.")
-        return f"The server is shutting down; this request was stopped ({done}). Try again in a minute."
+        if self.stop_reason is StopReason.SHUTDOWN:
+            return f"The server is shutting down; this request was stopped ({done}). Try again in a minute."
+        if self.stop_reason is StopReason.DISCONNECTED:
+            return f"The client disconnected; this request was stopped ({done})."
+        return f"Stopped ({event.reason}): {done}."
 
     def close(self) -> None:
         """The request's handler ended (normally, by error, or closed because its client left)."""

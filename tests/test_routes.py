@@ -1,0 +1,231 @@
+"""Every HTTP door of the real app, from outside: raw JSON bodies built by hand (not gradio_client).
+
+Each hostile case is followed by a good request that must succeed; a flood over the direct routes
+must hold the limits, never answer success with a short gallery and never hang; the page's other
+handlers cannot be used to keep the device loading and compiling.
+"""
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import httpx
+import pytest
+
+from conftest import request_fields
+from support import GOOD, Hook, wait_until
+
+GENERATE_FIELDS = list(request_fields(**GOOD))
+
+
+def _dependencies(url: str) -> dict[str, dict]:
+    """The page's event handlers by name, as any visitor reads them from GET /config."""
+    config = httpx.get(url + "config").json()
+    return {dep["api_name"]: dep for dep in config["dependencies"]}
+
+
+def _events(http: httpx.Client, path: str, body) -> tuple[int, str]:
+    """POST a hand-built body to a queued route and read its event stream to the end."""
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    posted = http.post(path, content=content, headers={"content-type": "application/json"})
+    if posted.status_code != 200 or "/call/" not in path:
+        return posted.status_code, posted.text
+    return posted.status_code, http.get(f"{path}/{posted.json()['event_id']}").text
+
+
+def _good_call(http: httpx.Client, seed: int = 7) -> None:
+    """The good request after each bad one: a full gallery through the public route."""
+    status, stream = _events(http, "gradio_api/call/generate", {"data": list(request_fields(seed=seed, **GOOD).values())})
+    assert status == 200 and "event: complete" in stream, stream[-500:]
+    gallery = json.loads(stream.split("event: complete\ndata: ", 1)[1].splitlines()[0])[0]
+    assert len(gallery) == 1 and gallery[0]["image"]["url"].endswith(".png")
+
+
+def _generate_data(**overrides) -> list:
+    return list(request_fields(**{**GOOD, **overrides}).values())
+
+
+def _with_raw(data: list, index: int, raw: str) -> str:
+    """A JSON body whose ``index``-th value is ``raw`` JSON text (NaN and Infinity are not JSON for httpx)."""
+    values = [json.dumps(value) for value in data]
+    values[index] = raw
+    return '{"data": [' + ", ".join(values) + "]}"
+
+
+# every field, whether or not the model uses it (tiny-flux ignores guidance_scale): JSON text, message
+HOSTILE_VALUES = ["NaN", "Infinity", "-Infinity", "null", "[]", "[1]", "{}", '{"a": 1}', "true", "1e400"]
+
+
+def test_every_generate_field_refuses_hostile_json_on_every_queued_route(served_app, request_log):
+    app, url = served_app
+    calls: list[int] = []
+    with httpx.Client(base_url=url, timeout=30) as http, \
+            Hook(app.engine.load("tiny-flux").transformer, lambda module, args: calls.append(1)):
+        fn_index = _dependencies(url)["generate"]["id"]
+        for index, field in enumerate(GENERATE_FIELDS):
+            for raw in HOSTILE_VALUES:
+                if field == "previews" and raw == "true":
+                    continue  # a valid value for the one boolean field
+                if field in ("num_inference_steps", "seed", "num_images") and raw == "true":
+                    pass  # booleans are refused where integers are expected
+                body = _with_raw(_generate_data(), index, raw)
+                status, stream = _events(http, "gradio_api/call/generate", body)
+                assert "event: error" in stream and f"{field}:" in stream, (field, raw, stream[-400:])
+                assert "Traceback" not in stream
+                # the queue join the page uses: same handler, same message
+                session = f"fuzz-{index}-{HOSTILE_VALUES.index(raw)}"
+                joined = http.post("gradio_api/queue/join", content=body[:-1] + f', "fn_index": {fn_index}, '
+                                   f'"session_hash": "{session}"}}', headers={"content-type": "application/json"})
+                assert joined.status_code == 200, joined.text
+                with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as events:
+                    text = "".join(line for line in events.iter_lines() if "process_completed" in line)
+                assert f"{field}:" in text and '"success": false' in text.replace('"success":false', '"success": false')
+        assert calls == []  # nothing reached the device
+        _good_call(http)
+    invalid = [line for line in request_log() if line["outcome"] == "invalid"]
+    assert len(invalid) >= 2 * (len(GENERATE_FIELDS) * len(HOSTILE_VALUES) - 1)
+
+
+@pytest.mark.parametrize("data, message", [
+    ([], "prompt: missing"),
+    ("first three", "resolution: missing"),
+    ("one extra", "data: 10 value(s), 1 too many"),
+    ("not a list", "data: must be a list of values"),
+    ({"prompt": "x"}, "data: must be a list of values"),
+    (None, "data: must be a list of values"),
+])
+def test_missing_and_extra_values_are_named_on_every_route(served_app, data, message):
+    app, url = served_app
+    data = {"first three": _generate_data()[:3], "one extra": _generate_data() + [1]}.get(data, data) \
+        if isinstance(data, str) else data
+    fn_index = _dependencies(url)["generate"]["id"]
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for path, body in (("gradio_api/call/generate", {"data": data}),
+                           ("gradio_api/queue/join", {"data": data, "fn_index": fn_index, "session_hash": "arity"}),
+                           ("gradio_api/run/predict", {"data": data, "fn_index": fn_index})):
+            posted = http.post(path, json=body)
+            assert posted.status_code == 422 and message in posted.json()["detail"], (path, posted.text)
+        _good_call(http)
+
+
+def test_direct_routes_are_closed_and_other_handlers_are_checked(served_app):
+    """/run/ and /api/ would call Generate beside the queue; every other handler checks its inputs."""
+    app, url = served_app
+    deps = _dependencies(url)
+    calls: list[int] = []
+    with httpx.Client(base_url=url, timeout=30) as http, \
+            Hook(app.engine.load("tiny-flux").transformer, lambda module, args: calls.append(1)):
+        for path in ("gradio_api/run/generate", "gradio_api/api/generate", "gradio_api/run/generate/",
+                     "gradio_api/api/generate/"):
+            answer = http.post(path, json={"data": _generate_data()})
+            assert answer.status_code == 404 and "join the queue" in answer.json()["detail"], (path, answer.text)
+        answer = http.post("gradio_api/run/predict", json={"data": _generate_data(), "fn_index": deps["generate"]["id"]})
+        assert answer.status_code == 404
+        assert calls == []
+        # the page's private handlers, called by fn_index as anyone can: bad model / mode named
+        for name in ("switch_model", "switch_mode", "bucket_table"):
+            for data, field in ((["../../etc/passwd", "eager"], "model:"), (["tiny-flux", "turbo"], "mode:"),
+                                ([None, "eager"], "model:"), (["tiny-flux", {"x": 1}], "mode:")):
+                answer = http.post("gradio_api/run/predict", json={"data": data, "fn_index": deps[name]["id"]})
+                error = answer.json()["error"]
+                # Gradio's Dropdown / Radio refuse a value outside their choices first, naming the value
+                assert answer.status_code == 500 and (field in error or "not in the list of choices" in error), \
+                    (name, data, answer.text)
+        # restore: a path outside Gradio's cache is not read; an index that is not one is ignored
+        for data in ([{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, "eager"], [None, "eager"]):
+            answer = http.post("gradio_api/run/predict", json={"data": data, "fn_index": deps["restore_settings"]["id"]})
+            assert "root:" not in answer.text
+        assert http.post("gradio_api/run/predict", json={"data": [123, True], "fn_index": deps["arm_stop_and_pick_seed"]["id"],
+                                                         "session_hash": "x"}).status_code == 200
+        # an oversized body is refused before anything parses it
+        answer = http.post("gradio_api/call/generate", content=b'{"data": ["' + b"x" * (2 << 20) + b'"]}',
+                           headers={"content-type": "application/json"})
+        assert answer.status_code == 413
+        # GET on every route the server lists answers without a server error
+        for route in app.demo.server_app.routes if getattr(app.demo, "server_app", None) else []:
+            path = getattr(route, "path", "")
+            if "GET" in (getattr(route, "methods", None) or ()) and "{" not in path:
+                assert http.get(path.lstrip("/")).status_code < 500, path
+        _good_call(http)
+
+
+def test_a_flood_over_every_generate_route_holds_the_limits(launch_app, request_log):
+    """8 concurrent calls per route from one address, --max-queue 2 --max-per-ip 1: direct routes are
+    closed, the queued ones admit one at a time, and nothing succeeds with a short gallery."""
+    app, url = launch_app("--no-warmup", "--max-queue", "2", "--max-per-ip", "1")
+    fn_index = _dependencies(url)["generate"]["id"]
+    data = _generate_data(num_images=4)
+
+    def call(kind: str, index: int) -> tuple[str, int, str]:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            if kind == "queue":
+                session = f"flood-{index}"
+                joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
+                                                                  "session_hash": session})
+                if joined.status_code != 200:
+                    return kind, joined.status_code, joined.text
+                with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as events:
+                    done = [line for line in events.iter_lines() if "process_completed" in line]
+                return kind, 200, done[-1] if done else ""
+            status, text = _events(http, f"gradio_api/{kind}/generate", {"data": data})
+            return kind, status, text
+
+    kinds = ["run", "api", "call", "queue"]
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        futures = [pool.submit(call, kind, i) for kind in kinds for i in range(8)]
+        finished, hung = wait(futures, timeout=240)
+    assert not hung, f"{len(hung)} calls hung"
+    results = [future.result() for future in futures]
+    admitted = 0
+    for kind, status, text in results:
+        if kind in ("run", "api"):
+            assert status == 404, text
+        elif status == 503:
+            assert "busy: your address already has" in text or "queue is full" in text
+        else:
+            assert status == 200
+            admitted += 1
+            if "event: complete" in text or '"success":true' in text.replace(" ", ""):
+                # success means every image: 4 of 4
+                payload = text.split("data: ", 1)[1] if "event: complete" in text else text
+                assert payload.count(".png") >= 4, text[-500:]
+    refused = sum(1 for kind, status, _ in results if status == 503)
+    print(f"flood: 32 calls from one address; direct routes 16x404, queued routes {admitted} admitted, {refused} busy")
+    assert 1 <= admitted < 16  # one address holds one place at a time
+    assert wait_until(lambda: not app.engine.status().busy, 30)
+    lines = [line for line in request_log() if line.get("outcome") not in ("busy",)]
+    assert all(line["images_done"] == line["num_images"] for line in lines if line.get("outcome") == "ok")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        _good_call(http)
+
+
+def test_model_and_mode_switches_cannot_keep_the_device_busy(launch_app):
+    """A burst of model/mode switches (alternating models, compiled mode) from one visitor: at most one
+    warmup per (model, mode) pends, none evicts the loaded model, and another visitor's generation
+    takes about as long as before the burst (ratio of two measurements in this run)."""
+    app, url = launch_app("--no-warmup", "--models", "tiny-flux,tiny-sd3")
+    deps = _dependencies(url)
+    with httpx.Client(base_url=url, timeout=60) as http:
+        _good_call(http)  # loads tiny-flux, warms its 64x64 eager bucket
+        started = time.perf_counter()
+        _good_call(http, seed=8)
+        before = time.perf_counter() - started
+        compiles = app.engine.status().compiles_total
+        pending_seen = []
+        for i in range(40):
+            model = ("tiny-sd3", "tiny-flux")[i % 2]
+            for name, data in (("switch_model", [model, "compiled"]), ("switch_mode", [model, "compiled"])):
+                answer = http.post("gradio_api/run/predict", json={"data": data, "fn_index": deps[name]["id"],
+                                                                   "session_hash": f"burst-{i}"})
+                assert answer.status_code == 200, answer.text
+            pending_seen.append(len(app.engine.pending_warmups()))
+        assert max(pending_seen) <= 1  # one address: one warmup per interval, coalesced per (model, mode)
+        started = time.perf_counter()
+        _good_call(http, seed=9)
+        after = time.perf_counter() - started
+        assert wait_until(lambda: not app.engine.pending_warmups(), 60)
+    status = app.engine.status()
+    assert list(status.models) == ["tiny-flux"]  # the switch warmups never evicted it (nor loaded tiny-sd3 over it)
+    print(f"generation before the burst {before:.2f}s, after {after:.2f}s (ratio {after / before:.1f}); "
+          f"graphs compiled by the burst: {status.compiles_total - compiles}")
+    assert after / before < 10
