@@ -205,6 +205,43 @@ def test_every_request_completes_with_its_own_images_and_both_replicas_serve(clu
     print(f"{len(clients)} visitors: " + ", ".join(f"{name} {list(served.values()).count(name)}" for name in "ab"))
 
 
+def test_browsers_through_nginx_get_their_images_from_the_replica_their_cookie_names(cluster):
+    from playwright.sync_api import sync_playwright
+
+    from browser_support import guard_network, launch_chromium, wait_for_gallery_images
+
+    balancer, replicas = cluster
+    by_address = {r.address: name for name, r in replicas.items()}
+    served = []
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            while set(served) != {"a", "b"} and len(served) < 12:  # new visitors until both replicas have one
+                context = browser.new_context()
+                blocked = guard_network(context)
+                page = context.new_page()
+                errors: list[str] = []
+                page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+                page.on("pageerror", lambda error: errors.append(str(error)))
+                page.goto(balancer.url)
+                page.wait_for_selector("#generate")
+                (cookie,) = [c for c in context.cookies() if c["name"] == "tpu_demo_replica"]
+                name = by_address[cookie["value"]]
+                before = {n: len(r.requests()) for n, r in replicas.items()}
+                page.fill("#prompt textarea", "a red circle on a white background")
+                page.click("#generate")
+                wait_for_gallery_images(page, 1)
+                _wait(lambda: len(replicas[name].requests()) == before[name] + 1, 10, "the replica's log line")
+                assert {n: len(r.requests()) for n, r in replicas.items() if n != name} == \
+                    {n: count for n, count in before.items() if n != name}
+                assert blocked == [] and errors == [], (blocked, errors)
+                served.append(name)
+                context.close()
+        finally:
+            browser.close()
+    assert set(served) == {"a", "b"}, served
+
+
 def test_stop_reaches_the_replica_that_runs_the_job(cluster):
     balancer, replicas = cluster
     stopped_on = set()
