@@ -16,7 +16,8 @@ from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
 from tpu_demo.device import DeviceInfo, detect_device
 from tpu_demo.engine.engine import Engine, EngineConfig
-from tpu_demo.web.health import health_route
+from tpu_demo.web.health import health_routes
+from tpu_demo.web.readiness import ReadinessCheck
 from tpu_demo.models.loading import hub_weights_present
 from tpu_demo.distributed.lockstep import Lockstep
 from tpu_demo.core.modes import ExecutionMode
@@ -38,6 +39,7 @@ class App:
     engine: Engine
     ui: PageHandlers
     demo: gr.Blocks
+    readiness: ReadinessCheck
 
 
 def offered_models(config: AppConfig) -> tuple[str, ...]:
@@ -99,7 +101,9 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
-    return App(config, engine, ui, demo)
+    readiness = ReadinessCheck(engine, first, config.start_mode, warmup=not config.no_warmup,
+                               draining=lambda: supervisor.shutting_down)
+    return App(config, engine, ui, demo, readiness)
 
 
 def launch(app: App, **kwargs) -> None:
@@ -110,11 +114,12 @@ def launch(app: App, **kwargs) -> None:
 
 
 def hardening_app_kwargs(app: App) -> dict:
-    """The health route and the per-client admission check, handed to Gradio's FastAPI app."""
+    """The health and readiness routes and the per-client admission check, handed to Gradio's FastAPI app."""
     limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
                              max_per_ip=app.config.max_per_ip)
     return {
-        "routes": [health_route(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active)],
+        "routes": health_routes(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active,
+                                app.readiness),
         "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
                                   current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API),

@@ -1,8 +1,11 @@
-"""``GET /health``: what a load balancer or an operator needs, as JSON, without paths or secrets.
+"""``GET /health`` (liveness) and ``GET /ready`` (readiness), as JSON, without paths or secrets.
 
-Reports the device, the loaded models, each bucket's state (warm / compiling / cold / failed, no
-error text: errors can quote file paths), how many requests wait in the queue and whether the
-device is busy. HTTP 200 while the server serves; it does not run anything on the device.
+``/health`` reports the device, the loaded models, each bucket's state (warm / compiling / cold /
+failed, no error text: errors can quote file paths), how many requests wait in the queue, whether
+the device is busy and the readiness verdict. It answers 200 while the server serves (a replica
+that is still compiling is alive). ``/ready`` answers 200 only once the start model's buckets are
+warm, else 503 with the reason (readiness.py): the one a load balancer or a Kubernetes
+readiness probe asks. Neither runs anything on the device.
 """
 
 from __future__ import annotations
@@ -13,19 +16,23 @@ from fastapi.routing import APIRoute
 from fastapi.responses import JSONResponse
 
 from tpu_demo.core.events import BucketState
+from tpu_demo.web.readiness import Readiness
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
 
 HEALTH_PATH = "/health"
+READY_PATH = "/ready"
 
 
-def health_payload(engine: "Engine", queue_length: int, running: int) -> dict[str, Any]:
+def health_payload(engine: "Engine", queue_length: int, running: int, readiness: Readiness) -> dict[str, Any]:
     status = engine.status()
     buckets = [{"model": b.model, "mode": b.mode, "resolution": b.resolution, "batch": b.batch, "state": b.state.value,
                 "compile_seconds": b.compile_seconds} for b in status.buckets]
     return {
         "status": "ok",
+        "ready": readiness.ready,
+        "ready_reason": readiness.reason,
         "device": {"name": status.device, "kind": status.device_kind, "count": status.device_count},
         "models_offered": list(engine.specs),
         "models_loaded": {model_id: {"placement": info["placement"], "compiled": info["compiled"]}
@@ -40,11 +47,18 @@ def health_payload(engine: "Engine", queue_length: int, running: int) -> dict[st
     }
 
 
-def health_route(engine: "Engine", queue_length: Callable[[], int], running: Callable[[], int]) -> APIRoute:
-    """The route, for ``launch(app_kwargs={"routes": [...]})`` (routes Gradio's app serves as its own)."""
+def health_routes(engine: "Engine", queue_length: Callable[[], int], running: Callable[[], int],
+                  readiness: Callable[[], Readiness]) -> list[APIRoute]:
+    """Both routes, for ``launch(app_kwargs={"routes": [...]})`` (routes Gradio's app serves as its own)."""
+    no_store = {"Cache-Control": "no-store"}
 
     async def health() -> JSONResponse:
-        return JSONResponse(health_payload(engine, queue_length(), running()),
-                            headers={"Cache-Control": "no-store"})
+        return JSONResponse(health_payload(engine, queue_length(), running(), readiness()), headers=no_store)
 
-    return APIRoute(HEALTH_PATH, health, methods=["GET"], include_in_schema=False)
+    async def ready() -> JSONResponse:
+        verdict = readiness()
+        return JSONResponse({"ready": verdict.ready, "reason": verdict.reason},
+                            status_code=200 if verdict.ready else 503, headers=no_store)
+
+    return [APIRoute(HEALTH_PATH, health, methods=["GET"], include_in_schema=False),
+            APIRoute(READY_PATH, ready, methods=["GET"], include_in_schema=False)]

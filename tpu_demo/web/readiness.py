@@ -1,0 +1,75 @@
+"""Readiness: may a load balancer send this replica visitors yet? (``GET /ready``)
+
+A replica that just started loads its start model and compiles each configured bucket (minutes
+on a TPU); visitors sent to it meanwhile wait behind those compiles while warm replicas idle. So
+``/ready`` answers 503 with the reason (``loading tiny-flux``, ``compiling bucket 2 of 3 ...``)
+until every configured bucket of the start model, in the start mode, is warm, then 200. Once
+ready a replica stays ready (a visitor switching models may evict the start model; that does not
+make the replica unable to serve) until SIGTERM, when it answers 503 ``shutting down`` so the
+balancer stops sending new visitors while the running request ends. ``/health`` stays liveness: a
+compiling replica is alive and answers 200 there.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from tpu_demo.core.events import BucketState, BucketStatus
+from tpu_demo.core.modes import ExecutionMode
+
+if TYPE_CHECKING:
+    from tpu_demo.engine.engine import Engine
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+
+
+def bucket_readiness(buckets: Sequence[BucketStatus], model_loaded: bool, model: str, mode: str) -> Readiness:
+    """Ready when every configured bucket is warm; else why not (failed, loading, compiling k of n)."""
+    total = len(buckets)
+    warm = sum(1 for b in buckets if b.state is BucketState.WARM)
+    failed = [b.resolution for b in buckets if b.state is BucketState.FAILED]
+    where = f"{model} ({mode})"
+    if failed:
+        # a replica that cannot run a configured bucket would fail visitors' requests: keep it out
+        return Readiness(False, f"failed: warmup of {where} failed for {', '.join(failed)} (see /health); "
+                                "fix and restart the replica")
+    if total and warm == total:
+        return Readiness(True, f"ready: {total} of {total} buckets of {where} warm")
+    if not model_loaded and warm == 0:
+        return Readiness(False, f"loading {model}")
+    return Readiness(False, f"compiling bucket {min(warm + 1, total)} of {total} of {where}; {warm} warm")
+
+
+class ReadinessCheck:
+    """The start model's configured buckets decide readiness once; SIGTERM takes it back."""
+
+    def __init__(self, engine: "Engine", model: str, mode: ExecutionMode, warmup: bool,
+                 draining: Callable[[], bool] = lambda: False):
+        self.engine, self.model, self.mode, self.warmup, self.draining = engine, model, mode, warmup, draining
+        self._ready: Readiness | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Readiness:
+        if self.draining():
+            return Readiness(False, "shutting down")
+        with self._lock:
+            if self._ready is None:
+                current = self._current()
+                if not current.ready:
+                    return current
+                self._ready = current
+            return self._ready
+
+    def _current(self) -> Readiness:
+        if not self.warmup:
+            return Readiness(True, "ready: warmup is off (--no-warmup); buckets compile on first use")
+        configured = len(self.engine.spec(self.model).buckets)
+        buckets = self.engine.buckets_for(self.model, self.mode)[:configured]  # configured ones come first
+        loaded = self.model in self.engine.status().models
+        return bucket_readiness(buckets, loaded, self.model, self.mode.value)
