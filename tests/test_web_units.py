@@ -15,6 +15,7 @@ from tpu_demo.core.request import RequestError, RequestLimits, validate_request
 from tpu_demo.web.admission import AdmissionLimits, WarmupThrottle, arity_error, busy_reason
 from tpu_demo.web.gradio_queue import EventInputs, QueuedEvent
 from tpu_demo.web.health import health_payload
+from tpu_demo.web.readiness import Readiness
 from tpu_demo.web.request_log import RequestRecord
 
 from conftest import engine_images, request_fields
@@ -95,8 +96,8 @@ def test_request_record_counts_images_and_keeps_prompts_out(make_engine):
 def test_health_payload_of_a_real_engine(make_engine):
     engine = make_engine(offered_models=("tiny-flux",))
     assert engine_images(engine, previews=False)
-    health = health_payload(engine, queue_length=3, running=1)
-    assert health["status"] == "ok" and health["models_offered"] == ["tiny-flux"]
+    health = health_payload(engine, queue_length=3, running=1, readiness=Readiness(False, "compiling bucket 1 of 4"))
+    assert health["status"] == "ok" and health["models_offered"] == ["tiny-flux"] and health["ready"] is False
     assert health["queue_length"] == 3 and health["running"] == 1 and health["warm_buckets"] >= 1
     assert "tiny-flux" in health["models_loaded"] and health["device"]["kind"] == "cpu"
 
