@@ -17,7 +17,7 @@ def is_preview(item):
 
 
 def test_previews_arrive_before_each_image_at_the_configured_interval(launch_app):
-    app, url = launch_app("--no-warmup", "--preview-every", "3")
+    app, url = launch_app("--no-warmup", "--preview-every", "3", "--preview-seconds", "0")
     client = Client(url, verbose=False)
     job = client.submit(**request_fields(num_inference_steps=10, num_images=2, seed=5), api_name="/generate")
     timeline = []  # ("preview", step) or ("image", count)
@@ -59,7 +59,7 @@ def _slow_steps(app, model_id="tiny-flux", seconds=0.05):
 
 
 def test_stop_ends_the_run_within_two_steps_and_keeps_finished_images(launch_app):
-    app, url = launch_app("--no-warmup", "--preview-every", "1")
+    app, url = launch_app("--no-warmup", "--preview-every", "1", "--preview-seconds", "0")
     steps = _slow_steps(app)
     client = Client(url, verbose=False)
     job = client.submit(**request_fields(num_inference_steps=50, num_images=3, seed=1, previews=True),

@@ -1,0 +1,158 @@
+"""What live previews cost the visitor: previews on vs off through the real app, end to end.
+
+``python -m benchmarks.previews [--pairs 8]`` starts the app (Gradio server on loopback) with
+the embedded default and tiny FLUX offered, and for each case sends the same request with
+``previews=False`` and ``previews=True`` in interleaved pairs through ``gradio_client``. It
+reports two median ratios (on / off): the denoise time per image (the engine's own figure,
+read from each PNG's settings chunk) and the whole request as the client waits for it, with the
+spread over pairs and what each previews-on request streamed (updates, preview frames).
+``benchmarks.run`` calls :func:`measure_end_to_end` for its "previews" figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class PreviewCase:
+    """One request shape to measure: a model at one bucket."""
+
+    model: str
+    resolution: str
+    steps: int
+    num_images: int = 2
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.resolution} {self.steps} steps x{self.num_images}"
+
+
+#: The embedded default at its only bucket (true CFG: two transformer calls a step) and tiny FLUX at 128x128.
+DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 8))
+PROMPT = "a red circle on a white background"
+
+
+def _denoise_seconds(item: dict) -> float:
+    with Image.open(item["image"]) as image:
+        return json.loads(image.text["tpu_demo"])["timings"]["denoise_seconds"]
+
+
+def _one_request(client: Any, case: PreviewCase, mode: str, seed: int, previews: bool) -> dict[str, Any]:
+    """One /generate request consumed to its end, as a visitor's client sees it."""
+    started = time.perf_counter()
+    job = client.submit(prompt=PROMPT, model=case.model, mode=mode, resolution=case.resolution,
+                        num_inference_steps=case.steps, guidance_scale=_guidance(case.model), seed=seed,
+                        num_images=case.num_images, previews=previews, api_name="/generate")
+    updates = list(job)
+    seconds = time.perf_counter() - started
+    final = [item for item in updates[-1] if not (item.get("caption") or "").startswith("preview")]
+    if len(final) != case.num_images:
+        raise RuntimeError(f"{case.label}: {len(final)} of {case.num_images} images came back")
+    frames = sum(1 for update in updates if update and (update[-1].get("caption") or "").startswith("preview"))
+    return {"seconds": seconds, "denoise": [_denoise_seconds(item) for item in final], "updates": len(updates),
+            "frames": frames}
+
+
+def _guidance(model: str) -> float:
+    from tpu_demo.core.catalog import get_spec
+
+    return get_spec(model).default_guidance
+
+
+def _ratio_summary(on: list[float], off: list[float]) -> dict[str, Any]:
+    """Median ratio of the medians, and the per-pair ratios' spread (noise on a shared machine)."""
+    per_pair = [a / b for a, b in zip(on, off)]
+    return {"ratio": round(statistics.median(on) / statistics.median(off), 4),
+            "pair_ratio_min": round(min(per_pair), 4), "pair_ratio_max": round(max(per_pair), 4),
+            "pair_ratio_median": round(statistics.median(per_pair), 4),
+            "on_ms": round(1000 * statistics.median(on), 2), "off_ms": round(1000 * statistics.median(off), 2)}
+
+
+def measure_case(url: str, case: PreviewCase, pairs: int, mode: str = "eager") -> dict[str, Any]:
+    """Interleaved pairs (off on, on off, ...) of the same request with previews off and on."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    _one_request(client, case, mode, 0, True)  # warm: model loaded, bucket run, preview map fitted
+    _one_request(client, case, mode, 0, False)
+    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    for index in range(pairs):
+        order = (False, True) if index % 2 == 0 else (True, False)
+        for previews in order:
+            runs[previews].append(_one_request(client, case, mode, 100 + index, previews))
+    # per image, pair by pair: image k of request i with previews on vs the same image with them off
+    denoise_on = [d for run in runs[True] for d in run["denoise"]]
+    denoise_off = [d for run in runs[False] for d in run["denoise"]]
+    return {"case": case.label, "mode": mode, "pairs": pairs,
+            "denoise_per_image": _ratio_summary(denoise_on, denoise_off),
+            "whole_request": _ratio_summary([r["seconds"] for r in runs[True]], [r["seconds"] for r in runs[False]]),
+            "updates_per_request": {"on": statistics.median(r["updates"] for r in runs[True]),
+                                    "off": statistics.median(r["updates"] for r in runs[False])},
+            "preview_frames_per_request": statistics.median(r["frames"] for r in runs[True])}
+
+
+def measure_end_to_end(url: str, cases: Sequence[PreviewCase], pairs: int, mode: str = "eager") -> dict[str, Any]:
+    return {case.label: measure_case(url, case, pairs, mode) for case in cases}
+
+
+def app_flags(port: int, cache_dir: Path, cases: Sequence[PreviewCase], threads: int | None) -> list[str]:
+    """An app offering every case's model, warmup off (each case warms its own bucket)."""
+    models = ",".join(dict.fromkeys(case.model for case in cases))
+    flags = ["--port", str(port), "--cache-dir", str(cache_dir), "--models", models, "--model", cases[0].model,
+             "--no-warmup", "--compile-backend", "aot_eager"]
+    return flags + (["--threads", str(threads)] if threads else [])
+
+
+def markdown_rows(figures: dict[str, Any]) -> list[str]:
+    rows = []
+    for label, f in figures.items():
+        d, w = f["denoise_per_image"], f["whole_request"]
+        rows.append(f"| {label} ({f['mode']}) | {d['ratio']:.3f}x ({d['pair_ratio_min']:.2f}-{d['pair_ratio_max']:.2f}; "
+                    f"{d['off_ms']:.0f} -> {d['on_ms']:.0f} ms) | {w['ratio']:.3f}x ({w['pair_ratio_min']:.2f}-"
+                    f"{w['pair_ratio_max']:.2f}) | {f['preview_frames_per_request']:g} frames, "
+                    f"{f['updates_per_request']['on']:g} vs {f['updates_per_request']['off']:g} updates | {f['pairs']} |")
+    return ["| request | denoise per image, on / off (pair spread; off -> on) | whole request, on / off | "
+            "streamed per request (on vs off) | pairs |", "|---|---|---|---|---|", *rows]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.previews", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=8, help="interleaved off/on pairs per case")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the app")
+    parser.add_argument("--mode", default="eager", help="execution mode of the measured requests")
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tpu-demo")
+    args = parser.parse_args(argv)
+
+    import tpu_demo  # noqa: F401 - offline defaults before gradio/hub imports
+    from diffusers.utils import logging as diffusers_logging
+
+    from benchmarks.run import _free_port
+    from tpu_demo.launch.config import parse_config
+    from tpu_demo.launch.serve import build_app, launch
+
+    diffusers_logging.set_verbosity_error()
+    port = _free_port()
+    app = build_app(parse_config(app_flags(port, args.cache_dir, DEFAULT_CASES, args.threads), environ={}))
+    launch(app, prevent_thread_lock=True, quiet=True)
+    try:
+        figures = measure_end_to_end(f"http://127.0.0.1:{port}/", DEFAULT_CASES, args.pairs, args.mode)
+    finally:
+        app.demo.close()
+        app.engine.close()
+    print(json.dumps(figures, indent=1))
+    print("\n".join(markdown_rows(figures)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
