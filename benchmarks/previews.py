@@ -1,7 +1,8 @@
 """What live previews cost the visitor: previews on vs off through the real app, end to end.
 
-``python -m benchmarks.previews [--pairs 8]`` starts the app (Gradio server on loopback) with
-the embedded default and tiny FLUX offered, and for each case sends the same request with
+``python -m benchmarks.previews [--pairs 8]`` starts the app as its own process (``app.py``,
+Gradio server on loopback, as in production: the client's work is not the server's) with the
+embedded default and tiny FLUX offered, and for each case sends the same request with
 ``previews=False`` and ``previews=True`` in interleaved pairs through ``gradio_client``. It
 reports two median ratios (on / off): the denoise time per image (the engine's own figure,
 read from each PNG's settings chunk) and the whole request as the client waits for it, with the
@@ -12,10 +13,15 @@ spread over pairs and what each previews-on request streamed (updates, preview f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,8 +43,11 @@ class PreviewCase:
         return f"{self.model} {self.resolution} {self.steps} steps x{self.num_images}"
 
 
-#: The embedded default at its only bucket (true CFG: two transformer calls a step) and tiny FLUX at 128x128.
-DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 8))
+#: The embedded default at its only bucket (true CFG: two transformer calls a step) and tiny FLUX at
+#: 128x128; at 8 steps a tiny FLUX image is done before a preview could be seen, so the same bucket
+#: at 48 steps measures what streamed previews cost.
+DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 8),
+                 PreviewCase("tiny-flux", "128x128", 48))
 PROMPT = "a red circle on a white background"
 
 
@@ -113,6 +122,50 @@ def app_flags(port: int, cache_dir: Path, cases: Sequence[PreviewCase], threads:
     return flags + (["--threads", str(threads)] if threads else [])
 
 
+@contextlib.contextmanager
+def app_process(flags: list[str], port: int, timeout: float = 300.0, repo: Path | None = None):
+    """``python app.py <flags>`` in its own process (from ``repo``, default this checkout); yields its
+    URL once ``/health`` answers."""
+    repo = repo or Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")}
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty server never blocks on it
+    process = subprocess.Popen([sys.executable, "app.py", *flags], cwd=repo, env=env,
+                               stdout=subprocess.DEVNULL, stderr=log, text=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"app.py exited with {process.returncode}: {log.read()[-2000:]}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url + "health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"app.py did not answer /health within {timeout:.0f} s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def run(cases: Sequence[PreviewCase], pairs: int, cache_dir: Path, threads: int | None = 1,
+        mode: str = "eager", repo: Path | None = None) -> dict[str, Any]:
+    """Start the app process for ``cases`` and measure each of them."""
+    from benchmarks.run import _free_port
+
+    port = _free_port()
+    with app_process(app_flags(port, cache_dir, cases, threads), port, repo=repo) as url:
+        return measure_end_to_end(url, cases, pairs, mode)
+
+
 def markdown_rows(figures: dict[str, Any]) -> list[str]:
     rows = []
     for label, f in figures.items():
@@ -131,24 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the app")
     parser.add_argument("--mode", default="eager", help="execution mode of the measured requests")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tpu-demo")
+    parser.add_argument("--app-repo", type=Path, default=None,
+                        help="run app.py from another checkout (e.g. the commit before, for a before/after figure)")
     args = parser.parse_args(argv)
 
     import tpu_demo  # noqa: F401 - offline defaults before gradio/hub imports
-    from diffusers.utils import logging as diffusers_logging
 
-    from benchmarks.run import _free_port
-    from tpu_demo.launch.config import parse_config
-    from tpu_demo.launch.serve import build_app, launch
-
-    diffusers_logging.set_verbosity_error()
-    port = _free_port()
-    app = build_app(parse_config(app_flags(port, args.cache_dir, DEFAULT_CASES, args.threads), environ={}))
-    launch(app, prevent_thread_lock=True, quiet=True)
-    try:
-        figures = measure_end_to_end(f"http://127.0.0.1:{port}/", DEFAULT_CASES, args.pairs, args.mode)
-    finally:
-        app.demo.close()
-        app.engine.close()
+    figures = run(DEFAULT_CASES, args.pairs, args.cache_dir, args.threads, args.mode, args.app_repo)
     print(json.dumps(figures, indent=1))
     print("\n".join(markdown_rows(figures)))
     return 0

@@ -7,7 +7,9 @@ landed: on TPU/CUDA usually the next step, on CPU at once. At most one copy is i
 
 And a fast model must not stream dozens of previews a second, each of which the UI renders and
 sends: previews are throttled by wall time (``min_seconds`` apart; the first at the first
-eligible step, so the visitor sees the image start at once), on top of ``every`` N steps.
+eligible step, so the visitor sees the image start at once), on top of ``every`` N steps. A
+preview is also skipped when the image itself is due within ``min_seconds`` (estimated from the
+host's step times so far, no device sync): the final image would replace it before it was seen.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class PreviewStream:
         self.every, self.min_seconds, self.clock = every, min_seconds, clock
         self._in_flight: tuple[int, HostCopy] | None = None
         self._last_started: float | None = None
+        self._created = clock()
+        self._first_step_at: float | None = None
         self.started = 0
         self.dropped = 0
 
@@ -39,8 +43,11 @@ class PreviewStream:
         """After denoising step ``step`` (1-based) of ``total``: a frame whose copy has landed, if any."""
         if not self.every:
             return None
+        now = self.clock()
+        if self._first_step_at is None:
+            self._first_step_at = now
         frame = self._collect()
-        if self._in_flight is None and latents is not None and self._due(step, total):
+        if self._in_flight is None and latents is not None and self._due(step, total, now):
             self._start(step, latents)
             frame = frame or self._collect()  # CPU: the "copy" is already there
         return frame
@@ -51,10 +58,20 @@ class PreviewStream:
             self.dropped += 1
             self._in_flight = None
 
-    def _due(self, step: int, total: int) -> bool:
+    def _due(self, step: int, total: int, now: float) -> bool:
         if step >= total or step % self.every:  # the final image follows the last step
             return False
-        return self._last_started is None or self.clock() - self._last_started >= self.min_seconds
+        if self._last_started is not None and now - self._last_started < self.min_seconds:
+            return False
+        return self._seconds_left(step, total, now) >= self.min_seconds
+
+    def _seconds_left(self, step: int, total: int, now: float) -> float:
+        """The image's remaining denoising time at the host's pace so far (step 1: from the call's start)."""
+        if step <= 1:
+            per_step = now - self._created
+        else:
+            per_step = (now - self._first_step_at) / (step - 1)
+        return per_step * (total - step)
 
     def _start(self, step: int, latents: torch.Tensor) -> None:
         self._last_started = self.clock()
