@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -87,7 +88,8 @@ def _ratio_summary(on: list[float], off: list[float]) -> dict[str, Any]:
             "on_ms": round(1000 * statistics.median(on), 2), "off_ms": round(1000 * statistics.median(off), 2)}
 
 
-def measure_case(url: str, case: PreviewCase, pairs: int, mode: str = "eager") -> dict[str, Any]:
+def measure_case(url: str, case: PreviewCase, pairs: int, mode: str = "eager",
+                 gradio_cache: Path | None = None) -> dict[str, Any]:
     """Interleaved pairs (off on, on off, ...) of the same request with previews off and on."""
     from gradio_client import Client
 
@@ -107,11 +109,44 @@ def measure_case(url: str, case: PreviewCase, pairs: int, mode: str = "eager") -
             "whole_request": _ratio_summary([r["seconds"] for r in runs[True]], [r["seconds"] for r in runs[False]]),
             "updates_per_request": {"on": statistics.median(r["updates"] for r in runs[True]),
                                     "off": statistics.median(r["updates"] for r in runs[False])},
-            "preview_frames_per_request": statistics.median(r["frames"] for r in runs[True])}
+            "preview_frames_per_request": statistics.median(r["frames"] for r in runs[True]),
+            "stream": {"on": stream_cost(url, case, True, gradio_cache, mode),
+                       "off": stream_cost(url, case, False, gradio_cache, mode)}}
 
 
-def measure_end_to_end(url: str, cases: Sequence[PreviewCase], pairs: int, mode: str = "eager") -> dict[str, Any]:
-    return {case.label: measure_case(url, case, pairs, mode) for case in cases}
+def _files_under(directory: Path | None) -> int:
+    return sum(1 for path in directory.rglob("*") if path.is_file()) if directory else 0
+
+
+def stream_cost(url: str, case: PreviewCase, previews: bool, gradio_cache: Path | None = None,
+                mode: str = "eager") -> dict[str, Any]:
+    """One request over raw HTTP (``POST /gradio_api/call/generate``, then its event stream): the
+    bytes and messages on the stream, the file URLs it references (all of them: what gradio_client
+    downloads on every update; distinct ones: what a browser fetches), and the files the server
+    wrote into Gradio's cache."""
+    body = {"data": [PROMPT, case.model, mode, case.resolution, case.steps, _guidance(case.model), 5,
+                     case.num_images, previews]}
+    files_before = _files_under(gradio_cache)
+    request = urllib.request.Request(url + "gradio_api/call/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        event_id = json.loads(response.read())["event_id"]
+    stream_bytes, messages, referenced, distinct = 0, 0, 0, set()
+    with urllib.request.urlopen(f"{url}gradio_api/call/generate/{event_id}", timeout=300) as response:
+        for line in response:
+            stream_bytes += len(line)
+            if line.startswith(b"data:") and line[5:].strip() not in (b"null", b""):
+                messages += 1
+                urls = re.findall(rb'"url":\s*"([^"]+)"', line)
+                referenced += len(urls)
+                distinct.update(urls)
+    return {"stream_bytes": stream_bytes, "messages": messages, "file_references": referenced,
+            "distinct_files": len(distinct), "files_written": _files_under(gradio_cache) - files_before}
+
+
+def measure_end_to_end(url: str, cases: Sequence[PreviewCase], pairs: int, mode: str = "eager",
+                       gradio_cache: Path | None = None) -> dict[str, Any]:
+    return {case.label: measure_case(url, case, pairs, mode, gradio_cache) for case in cases}
 
 
 def app_flags(port: int, cache_dir: Path, cases: Sequence[PreviewCase], threads: int | None) -> list[str]:
@@ -123,11 +158,14 @@ def app_flags(port: int, cache_dir: Path, cases: Sequence[PreviewCase], threads:
 
 
 @contextlib.contextmanager
-def app_process(flags: list[str], port: int, timeout: float = 300.0, repo: Path | None = None):
-    """``python app.py <flags>`` in its own process (from ``repo``, default this checkout); yields its
-    URL once ``/health`` answers."""
+def app_process(flags: list[str], port: int, timeout: float = 300.0, repo: Path | None = None,
+                gradio_cache: Path | None = None):
+    """``python app.py <flags>`` in its own process (from ``repo``, default this checkout; Gradio's
+    file cache in ``gradio_cache`` when given); yields its URL once ``/health`` answers."""
     repo = repo or Path(__file__).resolve().parent.parent
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")}
+    if gradio_cache is not None:
+        env["GRADIO_TEMP_DIR"] = str(gradio_cache)
     log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty server never blocks on it
     process = subprocess.Popen([sys.executable, "app.py", *flags], cwd=repo, env=env,
                                stdout=subprocess.DEVNULL, stderr=log, text=True)
@@ -162,8 +200,9 @@ def run(cases: Sequence[PreviewCase], pairs: int, cache_dir: Path, threads: int 
     from benchmarks.run import _free_port
 
     port = _free_port()
-    with app_process(app_flags(port, cache_dir, cases, threads), port, repo=repo) as url:
-        return measure_end_to_end(url, cases, pairs, mode)
+    with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
+            app_process(app_flags(port, cache_dir, cases, threads), port, repo=repo, gradio_cache=Path(gradio_cache)) as url:
+        return measure_end_to_end(url, cases, pairs, mode, Path(gradio_cache))
 
 
 def markdown_rows(figures: dict[str, Any]) -> list[str]:
@@ -175,7 +214,19 @@ def markdown_rows(figures: dict[str, Any]) -> list[str]:
                     f"{w['pair_ratio_max']:.2f}) | {f['preview_frames_per_request']:g} frames, "
                     f"{f['updates_per_request']['on']:g} vs {f['updates_per_request']['off']:g} updates | {f['pairs']} |")
     return ["| request | denoise per image, on / off (pair spread; off -> on) | whole request, on / off | "
-            "streamed per request (on vs off) | pairs |", "|---|---|---|---|---|", *rows]
+            "streamed per request (on vs off) | pairs |", "|---|---|---|---|---|", *rows, "", *stream_rows(figures)]
+
+
+def stream_rows(figures: dict[str, Any]) -> list[str]:
+    """What one request puts on the wire, previews on vs off (one request each, raw HTTP)."""
+    rows = ["| request | previews | messages | bytes on the event stream | file references (distinct) | "
+            "files written by the server |", "|---|---|---|---|---|---|"]
+    for label, f in figures.items():
+        for side in ("on", "off"):
+            c = f["stream"][side]
+            rows.append(f"| {label} | {side} | {c['messages']} | {c['stream_bytes']} | {c['file_references']} "
+                        f"({c['distinct_files']}) | {c['files_written']} |")
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
