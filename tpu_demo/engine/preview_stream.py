@@ -43,6 +43,9 @@ class PreviewStream:
         """After denoising step ``step`` (1-based) of ``total``: a frame whose copy has landed, if any."""
         if not self.every:
             return None
+        if step >= total:  # the final image follows: a preview now would only delay it
+            self.close()
+            return None
         now = self.clock()
         if self._first_step_at is None:
             self._first_step_at = now
@@ -59,7 +62,7 @@ class PreviewStream:
             self._in_flight = None
 
     def _due(self, step: int, total: int, now: float) -> bool:
-        if step >= total or step % self.every:  # the final image follows the last step
+        if step % self.every:
             return False
         if self._last_started is not None and now - self._last_started < self.min_seconds:
             return False

@@ -54,8 +54,6 @@ class StepObserver:
             # fit), and the decode that follows needs the same latents finished anyway
             self.final_latents = latents.detach().to("cpu", copy=True)
         preview = self.previews.step(self.steps_done, self.total, latents)
-        if last:
-            self.previews.close()
         self.last_step_at = time.perf_counter()
         self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started, preview))
         return {}
