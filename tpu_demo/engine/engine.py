@@ -41,6 +41,7 @@ from tpu_demo.engine.compile_counter import CompileCounter
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.image_record import image_parameters, image_timings
 from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
+from tpu_demo.engine.preview_stream import PreviewStream
 from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
 from tpu_demo.engine.warmup_lane import WarmupLane
 from tpu_demo.models.placement import compile_for_placement, describe_placement
@@ -65,6 +66,8 @@ class EngineConfig:
     warmup_steps: int = 2
     #: emit a latent preview every this many denoising steps (0: never)
     preview_every: int = 1
+    #: and at most one preview per this many seconds of wall time (the first comes at once)
+    preview_seconds: float = 0.25
 
 
 class Engine:
@@ -275,9 +278,12 @@ class Engine:
         """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
         loaded = self.pool.load(self.spec(call.model_id))
         bucket = Bucket(call.width, call.height)
-        observer = StepObserver.silent(call.num_inference_steps, bucket, loaded.previewer)
+        observer = StepObserver.silent(call.num_inference_steps, bucket, self._previews(loaded, bucket, 0))
         self._call_pipeline(loaded, ExecutionMode(call.mode), call.prompt, bucket, call.num_inference_steps,
                             call.guidance_scale, call.seed, observer)
+
+    def _previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
+        return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)
 
     def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
         """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
@@ -304,7 +310,7 @@ class Engine:
             default_key = self.shape_key(spec, mode, bucket, spec.default_guidance)
             guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 else 1.0)
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
-            observer = StepObserver.silent(steps, bucket, loaded.previewer)
+            observer = StepObserver.silent(steps, bucket, self._previews(loaded, bucket, 0))
             self.book.compile_phase(key, lambda: self._call_pipeline(
                 loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
@@ -323,8 +329,8 @@ class Engine:
                 return
             seed = request.seed + index
             warm = self.book.is_warm(key)
-            observer = StepObserver(emit, index, request.num_inference_steps, stop, bucket, loaded.previewer,
-                                    self.config.preview_every if request.previews else 0)
+            previews = self._previews(loaded, bucket, self.config.preview_every if request.previews else 0)
+            observer = StepObserver(emit, index, request.num_inference_steps, stop, bucket, previews)
             call = lambda: self._call_pipeline(loaded, request.mode, request.prompt, bucket,  # noqa: E731
                                                request.num_inference_steps, request.guidance_scale, seed, observer)
             started = time.perf_counter()
