@@ -110,11 +110,14 @@ def test_smoke_run_emits_every_figure(tmp_path):
     assert recompiles["compiles"] == 0 and recompiles["images_not_warm"] == 0 and recompiles["requests"] == 6 and len(recompiles["buckets"]) == 2
     assert figures["memory"]["all_buckets_peak_rss_mb"] >= figures["memory"]["one_bucket_peak_rss_mb"] > 0
     assert figures["previews"]["renders"] > 0 and figures["previews"]["fraction_of_step"] > 0
+    [through_app] = figures["previews"]["end_to_end"].values()  # previews on vs off, measured from the client
+    assert through_app["pairs"] == 2 and through_app["denoise_per_image"]["ratio"] > 0
+    assert through_app["whole_request"]["on_ms"] > 0 and through_app["updates_per_request"]["off"] >= 1
     assert figures["throughput"]["images"] == 2 and figures["throughput"]["errors"] == []
     restart = figures["restart"]
     assert restart["cold"]["all_warm"] and restart["with_cache"]["all_warm"] and restart["ratio"] > 0
     # the smoke compiles with aot_eager, which keeps no persistent cache: the status says "unknown", not "hit"
     assert [b["from_cache"] for b in restart["with_cache"]["buckets"]] == [None]
     for row in ("engine overhead", "app overhead", "warm vs cold, compiled", "recompiles after warmup", "peak RSS",
-                "step preview", "throughput", "restart"):
+                "previews on / off through the app", "step preview", "throughput", "restart"):
         assert row in run.stdout

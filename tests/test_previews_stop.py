@@ -18,7 +18,7 @@ def is_preview(item):
 
 
 def test_previews_arrive_before_each_image_at_the_configured_interval(launch_app):
-    app, url = launch_app("--no-warmup", "--preview-every", "3")
+    app, url = launch_app("--no-warmup", "--preview-every", "3", "--preview-seconds", "0")
     client = Client(url, verbose=False)
     job = client.submit(**request_fields(num_inference_steps=10, num_images=2, seed=5), api_name="/generate")
     timeline = []  # ("preview", step) or ("image", count)
@@ -59,8 +59,26 @@ def _slow_steps(app, model_id="tiny-flux", seconds=0.05):
     return steps
 
 
+def test_previews_are_throttled_by_wall_time_through_the_app(launch_app):
+    """Default --preview-seconds 0.25: a fast image streams no preview at all (its final image comes
+    first); a slow one gets its first preview at step 1, then one per 0.25 s, never one per step."""
+    app, url = launch_app("--no-warmup")
+    client = Client(url, verbose=False)
+    fast = list(client.submit(**request_fields(num_inference_steps=4, num_images=2, previews=True), api_name="/generate"))
+    assert not any(update and is_preview(update[-1]) for update in fast) and len(fast[-1]) == 2
+    step_times = _slow_steps(app)  # 50 ms a step, one transformer call per step
+    job = client.submit(**request_fields(num_inference_steps=20, seed=3, previews=True), api_name="/generate")
+    steps = [int(update[-1]["caption"].split("step ")[1].split("/")[0]) for update in job if update and is_preview(update[-1])]
+    assert steps and steps[0] == 1 and 19 not in steps and steps == sorted(set(steps))
+    assert len(steps) <= 1 + 20 * 0.05 / 0.25 + 1  # about one per 0.25 s of a ~1 s image, not 19
+    # step s's callback runs between forward s and forward s + 1 (each starting after a 50 ms sleep):
+    # two previews 0.25 s apart lie at least 0.30 s apart in forward start times
+    for earlier, later in zip(steps, steps[1:]):
+        assert step_times[later] - step_times[earlier - 1] >= 0.30 - 0.02, (earlier, later)
+
+
 def test_stop_ends_the_run_within_two_steps_and_keeps_finished_images(launch_app):
-    app, url = launch_app("--no-warmup", "--preview-every", "1")
+    app, url = launch_app("--no-warmup", "--preview-every", "1", "--preview-seconds", "0")
     steps = _slow_steps(app)
     client = Client(url, verbose=False)
     job = client.submit(**request_fields(num_inference_steps=50, num_images=3, seed=1, previews=True),

@@ -118,7 +118,7 @@ def _built(cache_dir: Path) -> None:
 def tp_server(cache_dir, tmp_path_factory):
     _built(cache_dir)
     server = TensorParallelServer(cache_dir, tmp_path_factory.mktemp("tp") / "serve.log",
-                                  "--models", "tiny-flux2,tiny-flux")
+                                  "--models", "tiny-flux2,tiny-flux", "--preview-seconds", "0")
     try:
         server.wait_until_serving()
         yield server
@@ -156,6 +156,18 @@ def test_tensor_parallel_image_matches_single_process(tp_server, make_engine, mo
     assert tp.shape == single.shape == (64, 64, 3)
     assert np.abs(tp - single).max() <= 1  # same float image up to rounding into uint8
     assert tp.std() > 5  # a real picture, not a blank both sides agree on
+
+
+def test_previews_stream_from_rank_zero_without_changing_the_image(tp_server, make_engine):
+    """The preview stream (projection on the device, copy picked up when landed) works on a sharded run."""
+    client = Client(tp_server.url, verbose=False)
+    fields = dict(model="tiny-flux", num_inference_steps=6, seed=21, previews=True)
+    job = client.submit(**request_fields(**fields), api_name="/generate")
+    captions = [update[-1]["caption"] for update in job if update and update[-1]["caption"].startswith("preview")]
+    assert [caption.split("step ")[1] for caption in captions] == ["1/6", "2/6", "3/6", "4/6", "5/6"]
+    (final,) = job.outputs()[-1]
+    tp = np.asarray(Image.open(final["image"]), dtype=np.int16)
+    assert np.abs(tp - _single_process_pixels(make_engine, **{**fields, "previews": False})).max() <= 1
 
 
 def test_consecutive_requests_with_different_buckets(tp_server):

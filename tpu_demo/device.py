@@ -14,7 +14,7 @@ import gc
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -188,3 +188,47 @@ def release_cached_memory(device: DeviceInfo) -> None:
     if device.kind != "cpu":
         with contextlib.suppress(Exception):
             torch.accelerator.empty_cache()
+
+
+class HostCopy:
+    """A device -> host copy that was started and may still be in flight.
+
+    ``ready()`` asks without blocking; ``tensor`` may only be read once ``ready()`` said True
+    (or after ``wait()``, which blocks).
+    """
+
+    def __init__(self, tensor: torch.Tensor, event: Any = None):
+        self._tensor, self._event = tensor, event
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def wait(self) -> torch.Tensor:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._tensor
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return self._tensor
+
+
+def start_host_copy(tensor: torch.Tensor, device: DeviceInfo) -> HostCopy:
+    """Start copying a (small) device tensor to host memory without waiting for the device.
+
+    TPU: torch-tpu makes ``copy_(..., non_blocking=True)`` asynchronous only into a pinned host
+    tensor (otherwise it "will block until all pending d2h copies on the device complete"), and
+    ``torch.tpu.Event().record()`` snapshots the pending device-to-host copies so that
+    ``query()`` can ask, without blocking, whether they landed. CUDA: the same with a CUDA event
+    on the current stream. CPU: the tensor already is in host memory.
+    """
+    if tensor.device.type == "cpu":
+        return HostCopy(tensor)
+    try:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+    except RuntimeError:  # no pinned host memory here: a blocking copy, counted as such in docs/generation.md
+        return HostCopy(tensor.to("cpu"))
+    host.copy_(tensor, non_blocking=True)
+    event = torch.tpu.Event() if device.kind == "tpu" else torch.cuda.Event()
+    event.record()
+    return HostCopy(host, event)

@@ -63,6 +63,9 @@ class Compiling:
 class Preview(Protocol):
     """A step preview captured by the engine; ``render()`` makes the image where it is shown."""
 
+    #: the denoising step it shows (it may arrive with a later step's progress)
+    step: int
+
     def render(self) -> Image.Image: ...
 
 

@@ -77,8 +77,10 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
     key = engine.shape_key(loaded.spec, mode, bucket, first.guidance_scale, images=len(members))
     warm = engine.book.is_warm(key)
     every = engine.config.preview_every
+    # each image its own preview stream (throttle, copies in flight) over its own latents row
     observers = [StepObserver(m.pending.emit, m.index, first.num_inference_steps, m.pending.stop, bucket,
-                              loaded.previewer, every if m.pending.request.previews else 0) for m in members]
+                              engine.previews(loaded, bucket, every if m.pending.request.previews else 0))
+                 for m in members]
     observer = BatchObserver(observers, members, engine.decode_guard)
     prompts = [m.pending.request.prompt for m in members]
     seeds = [m.pending.request.seed + m.index for m in members]

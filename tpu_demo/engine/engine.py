@@ -42,6 +42,7 @@ from tpu_demo.engine.bucket_book import BucketBook
 from tpu_demo.engine.compile_counter import CompileCounter
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
+from tpu_demo.engine.preview_stream import PreviewStream
 from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
 from tpu_demo.engine.warmup_lane import WarmupLane
 from tpu_demo.models.placement import compile_for_placement, describe_placement
@@ -68,6 +69,8 @@ class EngineConfig:
     preview_every: int = 1
     #: most images per pipeline call (static sizes 1, 2, 4 up to it); tensor parallel runs batch 1
     max_batch: int = 1
+    #: and at most one preview per this many seconds of wall time (the first comes at once)
+    preview_seconds: float = 0.25
 
 
 class Engine:
@@ -306,9 +309,12 @@ class Engine:
         """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
         loaded = self.pool.load(self.spec(call.model_id))
         bucket = Bucket(call.width, call.height)
-        observer = StepObserver.silent(call.num_inference_steps, bucket, loaded.previewer)
+        observer = StepObserver.silent(call.num_inference_steps, bucket, self.previews(loaded, bucket, 0))
         self.call_pipeline(loaded, ExecutionMode(call.mode), [call.prompt], bucket, call.num_inference_steps,
                            call.guidance_scale, [call.seed], observer)
+
+    def previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
+        return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)
 
     def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
         """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
@@ -335,7 +341,7 @@ class Engine:
             default_key = self.shape_key(spec, mode, bucket, spec.default_guidance, images)
             guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 * images else 1.0)
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
-            observer = StepObserver.silent(steps, bucket, loaded.previewer)
+            observer = StepObserver.silent(steps, bucket, self.previews(loaded, bucket, 0))
             self.book.compile_phase(key, lambda: self.call_pipeline(
                 loaded, mode, ["warmup"] * images, bucket, steps, guidance, list(range(images)), observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others

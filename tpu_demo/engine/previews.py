@@ -1,7 +1,8 @@
 """Cheap step previews: a linear latent -> RGB projection, fitted per model from its own outputs.
 
 Decoding with the VAE every step would cost as much as a denoising step; a linear map from the
-latent channels to RGB costs a tiny matrix product. Rather than hard-coding per-architecture
+latent channels to RGB costs a tiny matrix product, done on the device so that only the preview's
+few bytes are copied to the host (``preview_stream`` starts that copy and picks it up later). Rather than hard-coding per-architecture
 factors, each loaded model fits its own map (ridge regression) from pairs it produces anyway:
 the final latents of a generation and the decoded final image. Warmup provides the first
 pairs, so previews look right from the first user request. Packed latents (FLUX: tokens of
@@ -23,9 +24,9 @@ _MAX_OBSERVATIONS = 16
 
 
 def latent_grid(latents: torch.Tensor, bucket: Bucket) -> torch.Tensor:
-    """The first sample's latents as an (h, w, channels) float grid (a view where possible),
-    unpacking token sequences."""
-    sample = latents[0].detach().to("cpu", torch.float32)
+    """The first sample's latents as an (h, w, channels) float32 grid on the latents' own device
+    (a view where possible), unpacking token sequences."""
+    sample = latents[0].detach().to(torch.float32)
     if sample.ndim == 2:  # packed: (tokens, channels) in row-major order over the patch grid
         tokens = sample.shape[0]
         height = max(1, round(math.sqrt(tokens * bucket.height / bucket.width)))
@@ -35,7 +36,7 @@ def latent_grid(latents: torch.Tensor, bucket: Bucket) -> torch.Tensor:
 
 
 class LatentPreviewer:
-    """Renders previews for one loaded model and learns its projection from final images."""
+    """Projects latents to preview pixels for one loaded model and learns the projection from final images."""
 
     def __init__(self, ridge: float = 1e-2):
         self.ridge = ridge
@@ -43,7 +44,8 @@ class LatentPreviewer:
         self._gram: torch.Tensor | None = None
         self._cross: torch.Tensor | None = None
         self._weights: torch.Tensor | None = None
-        self._weights_np: np.ndarray | None = None
+        #: the weights as last moved to a device: refitting replaces them
+        self._placed: dict[torch.device, torch.Tensor] = {}
 
     @property
     def fitted(self) -> bool:
@@ -54,7 +56,7 @@ class LatentPreviewer:
 
     def observe(self, final_latents: torch.Tensor, image: Image.Image, bucket: Bucket) -> None:
         """Add (latents, decoded image) pixels to the fit and re-solve the projection."""
-        grid = latent_grid(final_latents, bucket)
+        grid = latent_grid(final_latents, bucket).cpu()
         height, width, channels = grid.shape
         target = np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.BOX), dtype=np.float32)
         features = torch.cat([grid.reshape(-1, channels), torch.ones(height * width, 1)], dim=1)
@@ -67,40 +69,35 @@ class LatentPreviewer:
         self.observations += 1
         regulariser = self.ridge * torch.eye(channels + 1)
         self._weights = torch.linalg.solve(self._gram + regulariser, self._cross)
-        self._weights_np = None
+        self._placed = {}
 
-    def capture(self, latents: torch.Tensor, bucket: Bucket) -> "PreviewFrame":
-        """Copy this step's latent grid off the device: the only preview work on the device thread."""
-        return PreviewFrame(np.array(latent_grid(latents, bucket), dtype=np.float32, copy=True), self)
-
-    def render(self, grid: np.ndarray) -> Image.Image:
-        """The preview at the latent grid's own resolution (the page scales it up): a matrix product
-        and one small image."""
+    def project(self, latents: torch.Tensor, bucket: Bucket) -> torch.Tensor:
+        """This step's preview pixels, (h, w, 3) uint8 at the latent grid's resolution, computed where
+        the latents are: only these few bytes (12 KB for a 1024x1024 FLUX image) leave the device."""
+        grid = latent_grid(latents, bucket)
         height, width, channels = grid.shape
-        weights = self._projection(channels)
+        weights = self._weights_on(grid.device, channels)
         if weights is not None:
             rgb = grid.reshape(-1, channels) @ weights[:-1] + weights[-1]
-        else:  # not fitted yet: show the first three channels, normalised
+        else:  # not fitted yet: the first three channels, normalised
             rgb = grid[..., :3].reshape(-1, 3)
             rgb = (rgb - rgb.min()) / (rgb.max() - rgb.min() + 1e-6)
-        pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8).reshape(height, width, 3)
-        return Image.fromarray(pixels, "RGB")
+        return (rgb.clamp(0.0, 1.0) * 255).to(torch.uint8).reshape(height, width, 3)
 
-    def _projection(self, channels: int) -> np.ndarray | None:
+    def _weights_on(self, device: torch.device, channels: int) -> torch.Tensor | None:
         weights = self._weights
         if weights is None or weights.shape[0] != channels + 1:
             return None
-        if self._weights_np is None or self._weights_np.shape != tuple(weights.shape):
-            self._weights_np = weights.numpy().astype(np.float32)
-        return self._weights_np
+        if device not in self._placed:  # once per fit: a host -> device copy of (channels + 1) x 3 floats
+            self._placed = {device: weights.to(device)}
+        return self._placed[device]
 
 
 class PreviewFrame:
-    """One step's latents, copied off the device; rendered where it is shown (the UI's thread),
-    so previews cost the device thread only the copy."""
+    """One step's preview pixels, already in host memory; ``render()`` makes the image where it is shown."""
 
-    def __init__(self, grid: np.ndarray, previewer: LatentPreviewer):
-        self.grid, self.previewer = grid, previewer
+    def __init__(self, pixels: np.ndarray, step: int):
+        self.pixels, self.step = pixels, step
 
     def render(self) -> Image.Image:
-        return self.previewer.render(self.grid)
+        return Image.fromarray(self.pixels, "RGB")

@@ -10,18 +10,24 @@ import torch
 
 from tpu_demo.core.buckets import Bucket
 from tpu_demo.core.events import StepProgress
-from tpu_demo.engine.previews import LatentPreviewer
+from tpu_demo.engine.preview_stream import PreviewStream
 
 
 class StepObserver:
     """``callback_on_step_end``: reports steps and previews, keeps the final latents for the
     preview fit, and on stop sets the pipeline's interrupt flag (diffusers then skips the
-    remaining steps)."""
+    remaining steps).
+
+    Nothing here waits for the device: the step time is the host's clock when the step was
+    dispatched (what the ETA extrapolates; on TPU/CUDA the device may still be working), and
+    previews come from ``PreviewStream``'s asynchronous copies.
+    """
 
     def __init__(self, emit: Callable[[Any], None], index: int, total: int, stop: threading.Event,
-                 bucket: Bucket, previewer: LatentPreviewer, preview_every: int):
+                 bucket: Bucket, previews: PreviewStream):
         self.emit, self.index, self.total, self.stop = emit, index, total, stop
-        self.bucket, self.previewer, self.preview_every = bucket, previewer, preview_every
+        self.bucket, self.previews = bucket, previews
+        self.previewer = previews.previewer
         self.started = time.perf_counter()
         self.last_step_at: float | None = None
         self.steps_done = 0
@@ -29,23 +35,25 @@ class StepObserver:
         self.final_latents: torch.Tensor | None = None
 
     @classmethod
-    def silent(cls, total: int, bucket: Bucket, previewer: LatentPreviewer) -> "StepObserver":
-        """An observer that reports nothing and is never stopped (warmup, follower ranks)."""
-        return cls(lambda event: None, 0, total, threading.Event(), bucket, previewer, 0)
+    def silent(cls, total: int, bucket: Bucket, previews: PreviewStream) -> "StepObserver":
+        """An observer that reports nothing and is never stopped (warmup, follower ranks);
+        ``previews`` should have ``every=0``."""
+        return cls(lambda event: None, 0, total, threading.Event(), bucket, previews)
 
     def __call__(self, pipeline: Any, step: int, timestep: Any, callback_kwargs: dict) -> dict:
         self.steps_done = step + 1
         if self.stop.is_set():
             pipeline._interrupt = True
             self.interrupted = True
+            self.previews.close()
             return {}
         latents = callback_kwargs.get("latents")
         last = self.steps_done >= self.total
         if last and latents is not None and self.previewer.wants_observation():
+            # blocking copy, but only after the last step of a model's first few images (the preview
+            # fit), and the decode that follows needs the same latents finished anyway
             self.final_latents = latents.detach().to("cpu", copy=True)
-        preview = None
-        if self.preview_every and not last and self.steps_done % self.preview_every == 0 and latents is not None:
-            preview = self.previewer.capture(latents, self.bucket)
+        preview = self.previews.step(self.steps_done, self.total, latents)
         self.last_step_at = time.perf_counter()
         self.emit(StepProgress(self.index, self.steps_done, self.total, self.last_step_at - self.started, preview))
         return {}

@@ -124,6 +124,8 @@ class AppConfig:
     device: str | None = flag(None, "restrict device detection (default: tpu, then cuda, then cpu)",
                               _choice(["tpu", "cuda", "cpu"]))
     preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
+    preview_seconds: float = flag(0.25, "and at most one preview per this many seconds (the first at once; 0: "
+                                  "no time limit)", _non_negative_float)
     max_queue: int = flag(AdmissionLimits.max_waiting, "requests that may wait in the queue; more are told the "
                                                        "app is busy", _positive_int)
     max_images: int = flag(RequestLimits.max_images, "most images one request may ask for", _positive_int)

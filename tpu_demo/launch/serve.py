@@ -76,6 +76,7 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
         placement_override=Placement(config.placement) if config.placement else None,
         memory_budget_gb=config.memory_budget,
         preview_every=config.preview_every,
+        preview_seconds=config.preview_seconds,
     ), device, lockstep)
 
 

@@ -151,8 +151,9 @@ class PageHandlers:
                     progress((event.index * event.total + event.step, total * event.total),
                              desc=_progress_text(event, total), unit="steps")
                     if event.preview is not None:
-                        caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.step}/{event.total}"
-                        yield gallery + [(files.save(event.preview.render(), "preview"), caption)]
+                        caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.preview.step}/{event.total}"
+                        # a preview is sent once: Gradio encodes it straight into its cache (one small file)
+                        yield gallery + [(event.preview.render(), caption)]
                 elif isinstance(event, ImageResult):
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield list(gallery)
