@@ -23,10 +23,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
+from tpu_demo.core.buckets import BATCH_SIZES
 from tpu_demo.core.request import GenerationRequest
-
-#: static batch sizes (images per pipeline call); each one warm is one more graph per bucket
-BATCH_SIZES: tuple[int, ...] = (1, 2, 4)
 
 #: the last event of every request's stream
 END = object()

@@ -77,7 +77,15 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
         memory_budget_gb=config.memory_budget,
         preview_every=config.preview_every,
         preview_seconds=config.preview_seconds,
+        max_batch=config.max_batch,
     ), device, lockstep)
+
+
+def generate_concurrency(max_batch: int) -> int:
+    """Generate handlers that may run at once. The device thread alone serialises device work, so
+    more handlers than calls: while one batch runs, the next one's requests are validated and
+    waiting, and finished ones are encoded and streamed (admission still bounds the waiting)."""
+    return max(4, 2 * max_batch)
 
 
 def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
@@ -90,7 +98,7 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     first = start_model(config, models)
     settings = UiSettings(start_model=first, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
-        offered_modes=tuple(ExecutionMode)))
+        offered_modes=tuple(ExecutionMode)), generate_concurrency=generate_concurrency(engine.max_batch))
     supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
                                                        log_prompts=config.log_prompts))
     ui = PageHandlers(engine, settings, supervisor)
@@ -119,10 +127,13 @@ def hardening_app_kwargs(app: App) -> dict:
     limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
                              max_per_ip=app.config.max_per_ip)
     return {
-        "routes": health_routes(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active,
+        # waiting = in Gradio's queue, or in a running handler with no image on the device yet
+        "routes": health_routes(app.engine, lambda: gradio_queue.queue_length(app.demo) + app.engine.requests_waiting(),
+                                app.ui.supervisor.active,
                                 app.readiness),
         "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
                                   current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
+                                  device_waiting=app.engine.requests_waiting,
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
                                       app.demo, fn_index, api_name))],

@@ -43,6 +43,9 @@ class UiSettings:
     start_mode: ExecutionMode
     limits: RequestLimits
     status_refresh_seconds: float = 1.0
+    #: generate handlers running at once (Gradio's concurrency limit of the event); the engine's
+    #: device thread is what runs one pipeline call at a time
+    generate_concurrency: int = 1
 
 
 def example_prompts(spec: ModelSpec) -> list[str]:
@@ -118,7 +121,14 @@ class PageHandlers:
         self.settings = settings
         self.supervisor = supervisor or RequestSupervisor()
         self.warmup_throttle = warmup_throttle or WarmupThrottle()
+        #: per session, the flag Stop sets: its oldest running request's (or the one armed by a click)
         self._stops: dict[str, threading.Event] = {}
+        #: per session, flags of its later requests (several generate handlers run at once, so with
+        #: --max-per-session above 1 a session's second request runs beside its first): each becomes
+        #: the session's Stop flag in turn, as Stop reached the running request before handlers overlapped
+        self._later: dict[str, list[threading.Event]] = {}
+        #: flags a running handler holds
+        self._taken: set[int] = set()
         self._stops_lock = threading.Lock()
 
     # ---- handlers -------------------------------------------------------------------------
@@ -267,15 +277,18 @@ class PageHandlers:
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
         tones = {BucketState.COLD: "none", BucketState.COMPILING: "wait", BucketState.WARM: "ok", BucketState.FAILED: "bad"}
         icons = {state: f"<span class='bucket-state tone-{tones[state]}'>{text}</span>" for state, text in icons.items()}
-        # "batch": SD3-style CFG doubles the batch (its own graph); FluxPipeline's true CFG does not.
+        # "batch": the transformer's batch, images per call (--max-batch) times 2 where SD3-style CFG
+        # doubles it; one static shape, one graph. FluxPipeline's true CFG does not double it.
         lines = ["| bucket | mode | batch | state | compile s | graphs | from cache |", "|---|---|---|---|---|---|---|"]
         cached = {True: "yes", False: "no", None: "\u2013"}
         for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
-            lines.append(f"| {b.resolution} | {b.mode} | {'2 (CFG)' if b.batch == 2 else b.batch} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
+            lines.append(f"| {b.resolution} | {b.mode} | {b.batch} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
         busy = "busy" if status.busy else "idle"
-        lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
+        cfg = " (\u00d72 with classifier-free guidance)" if spec.cfg_doubles_batch else ""
+        lines.append(f"\nbatch = images per call{cfg}, up to {self.engine.max_batch} images \u00b7 {status.device} "
+                     f"\u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
 
     def arm_stop_and_pick_seed(self, seed: Any, randomize: Any, request: gr.Request = None) -> int:
@@ -311,24 +324,49 @@ class PageHandlers:
         session = self._session(request)
         if session is not None:
             with self._stops_lock:
+                current = self._stops.get(session)
+                if current is not None and id(current) in self._taken:
+                    # a request of this session runs: Stop keeps reaching it; this flag waits its turn
+                    later = self._later.setdefault(session, [])
+                    later[:] = [flag for flag in later if id(flag) in self._taken][-7:] + [event]
+                    return event
                 self._stops.pop(session, None)
                 self._stops[session] = event
                 while len(self._stops) > MAX_ARMED_SESSIONS:  # session hashes are caller-chosen: bound them
-                    del self._stops[next(iter(self._stops))]  # the oldest armed flag
+                    oldest = next(iter(self._stops))  # the oldest armed flag
+                    del self._stops[oldest]
+                    self._later.pop(oldest, None)
         return event
 
     def _armed_stop(self, request: gr.Request | None) -> threading.Event:
-        """The flag armed at the click (API calls have none: they get a fresh one)."""
+        """The flag armed at the click, else a fresh one (API calls arm none); held until ``_drop_stop``."""
         session = self._session(request)
         with self._stops_lock:
-            event = self._stops.get(session) if session is not None else None
-        return event if event is not None else self._new_stop(request)
+            candidates = [self._stops.get(session), *self._later.get(session, [])] if session is not None else []
+            event = next((flag for flag in candidates if flag is not None and id(flag) not in self._taken), None)
+            if event is not None:
+                self._taken.add(id(event))
+                return event
+        event = self._new_stop(request)
+        with self._stops_lock:
+            self._taken.add(id(event))
+        return event
 
     def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
         session = self._session(request)
         with self._stops_lock:
-            if session is not None and self._stops.get(session) is event:
+            self._taken.discard(id(event))
+            if session is None:
+                return
+            later = self._later.get(session, [])
+            if event in later:
+                later.remove(event)
+            elif self._stops.get(session) is event:
                 del self._stops[session]
+                if later:  # the session's next request: Stop reaches it now
+                    self._stops[session] = later.pop(0)
+            if not later:
+                self._later.pop(session, None)
 
     @staticmethod
     def resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:

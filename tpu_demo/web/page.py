@@ -10,7 +10,7 @@ from tpu_demo.core.catalog import ASSETS_DIR
 from tpu_demo.core.request import MAX_SEED
 from tpu_demo.web.handlers import PageHandlers, example_prompts
 
-#: every generation shares this concurrency id: the device runs one at a time
+#: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
 DEVICE_CONCURRENCY_ID = "device"
 #: the public endpoint (gradio_client: api_name="/generate")
 GENERATE_API = "generate"
@@ -74,7 +74,7 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs=inputs, outputs=[gallery], api_name=GENERATE_API, preprocess=False,
-            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
+            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
