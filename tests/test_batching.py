@@ -183,3 +183,91 @@ def test_round_robin_between_requests(make_engine):
     requests = [validate_request(request_fields(seed=1, num_images=4)), validate_request(request_fields(seed=50))]
     _run_together(engine, requests, on_event=lambda i, e: order.append(i) if isinstance(e, ImageResult) else None)
     assert order.index(1) <= 1, order
+
+
+def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch_app, request_log):
+    """16 gradio_client clients x 3 requests (four addresses, four clients each) against the real
+    server with --max-batch 4: every request is served with its own pixels or told busy; at no
+    moment does a session hold 2, an address more than its share, or the queue more than its
+    bound (requests waiting in Gradio's queue or for the device); one log line per request; and
+    calls were really shared."""
+    import httpx
+    from gradio_client import Client
+    from gradio_client.utils import QueueError
+
+    from support import GOOD, pixels, wait_until
+    from tpu_demo.web import gradio_queue
+
+    max_queue, per_ip = 6, 3
+    app, url = launch_app("--model", "tiny-flux", "--models", "tiny-flux", "--buckets", "64x64", "--mode", "eager",
+                          "--max-batch", "4", "--max-queue", str(max_queue), "--max-per-ip", str(per_ip))
+    assert wait_until(lambda: httpx.get(url + "ready").status_code == 200, 120)
+    seeds = {client: 700 + client for client in range(16)}
+    references = {}
+    for seed in seeds.values():
+        (result,) = [e for e in app.engine.generate(validate_request(request_fields(seed=seed, **GOOD)))
+                     if isinstance(e, ImageResult)]
+        references[seed] = np.asarray(result.image.convert("RGB"), dtype=np.int16)
+    calls_before = sum(app.engine.calls_by_batch.values())
+    violations, peak = [], {"waiting": 0, "running": 0}
+    watching = threading.Event()
+
+    def watch():
+        while not watching.is_set():
+            events = app.ui.device_view(gradio_queue.pending_events(app.demo, "generate"))
+            waiting = sum(not e.running for e in events)
+            peak["waiting"] = max(peak["waiting"], waiting)
+            peak["running"] = max(peak["running"], app.ui.supervisor.active())
+            sessions, hosts = {}, {}
+            for e in events:
+                sessions[e.session_hash] = sessions.get(e.session_hash, 0) + 1
+                hosts[e.client_host] = hosts.get(e.client_host, 0) + 1
+            if waiting > max_queue or max(sessions.values(), default=0) > 1 or max(hosts.values(), default=0) > per_ip:
+                violations.append((waiting, sessions, hosts))
+            time.sleep(0.01)
+
+    def session(index):
+        client = Client(url, verbose=False, headers={"X-Forwarded-For": f"203.0.113.{index % 4 + 1}"})
+        outcomes = []
+        for _ in range(3):
+            try:
+                (item,) = client.predict(**request_fields(seed=seeds[index], **GOOD), api_name="/generate")
+                outcomes.append(("ok", np.asarray(pixels(item), dtype=np.int16)))
+            except QueueError as busy:
+                outcomes.append(("busy", str(busy)))
+        return outcomes
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    pool = ThreadPoolExecutor(max_workers=16)
+    futures = {pool.submit(session, index): index for index in seeds}
+    done, not_done = wait(futures, timeout=240)
+    watching.set()
+    watcher.join()
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert not not_done, f"{len(not_done)} clients hung"
+    completed = busy = 0
+    for future, index in futures.items():
+        for kind, value in future.result():
+            if kind == "ok":
+                completed += 1
+                assert np.abs(value - references[seeds[index]]).max() <= 1, f"client {index} got other pixels"
+            else:
+                busy += 1
+                assert value == "Queue is full! Please try again."
+    calls = {size: n for size, n in app.engine.calls_by_batch.items()}
+    print(f"load with batching: {completed} completed, {busy} busy, peak waiting {peak['waiting']}, "
+          f"peak running handlers {peak['running']}, calls by batch size {calls}")
+    assert completed + busy == 48 and completed >= 12
+    assert not violations, violations[:3]
+    assert peak["running"] > 1, "generate handlers never overlapped"
+    assert sum(n for size, n in calls.items() if size > 1) > 0, "no call was shared"
+    assert sum(calls.values()) - calls_before < completed, "every image had its own call"
+    lines = request_log()
+    assert sum(1 for line in lines if line.get("outcome") == "ok") == completed
+    assert sum(1 for line in lines if line.get("outcome") == "busy") == busy
+    assert wait_until(lambda: not app.engine.status().busy, 10)
+    health = httpx.get(url + "health").json()
+    assert health["queue_length"] == 0 and health["running"] == 0

@@ -89,6 +89,8 @@ class Engine:
         #: images waiting for the device; a lockstep call carries one prompt and seed, so TP runs batch 1
         self._images = ImageQueue()
         self.batch_sizes = batch_sizes(config.max_batch if lockstep is None else 1)
+        #: pipeline calls made for requests, by images per call
+        self.calls_by_batch: Counter[int] = Counter()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._busy = threading.Event()
         self._closing = threading.Event()
@@ -357,4 +359,5 @@ class Engine:
                 self.spec(shape.model), ExecutionMode(shape.mode), shape.resolution, shape.guidance_scale, size)),
             stopped=lambda pending: pending.finish(Stopped(completed=pending.completed, reason="stopped")))
         if members:
+            self.calls_by_batch[len(members)] += 1
             run_batch(self, members)

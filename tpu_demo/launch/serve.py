@@ -127,17 +127,26 @@ def hardening_app_kwargs(app: App) -> dict:
     limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
                              max_per_ip=app.config.max_per_ip)
     return {
-        # waiting = in Gradio's queue, or in a running handler with no image on the device yet
-        "routes": health_routes(app.engine, lambda: gradio_queue.queue_length(app.demo) + app.engine.requests_waiting(),
+        # waiting = in Gradio's queue, or in a running handler that has not reached the device yet
+        "routes": health_routes(app.engine, lambda: waiting_requests(app),
                                 app.ui.supervisor.active,
                                 app.readiness),
         "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
-                                  current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
-                                  device_waiting=app.engine.requests_waiting,
+                                  current_events=lambda: generate_events(app),
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
                                       app.demo, fn_index, api_name))],
     }
+
+
+def generate_events(app: App) -> list[gradio_queue.QueuedEvent]:
+    """The queue's generations, ``running`` once on the device (a running handler may wait for it)."""
+    return app.ui.device_view(gradio_queue.pending_events(app.demo, GENERATE_API))
+
+
+def waiting_requests(app: App) -> int:
+    """Generations not yet on the device: in Gradio's queue or in a handler still waiting for the device."""
+    return sum(1 for event in generate_events(app) if not event.running)
 
 
 def serve(config: AppConfig) -> None:

@@ -25,6 +25,8 @@ class QueuedEvent:
     session_hash: str
     client_host: str | None
     running: bool
+    #: Gradio's id of the event (``CurrentEvent.event_id`` inside its handler)
+    event_id: str | None = None
 
 
 def _queue(blocks: gr.Blocks | None) -> Any:
@@ -84,7 +86,8 @@ def pending_events(blocks: gr.Blocks, api_name: str) -> Iterator[QueuedEvent]:
         request = getattr(event, "request", None)
         client = getattr(request, "client", None)
         yield QueuedEvent(session_hash=str(getattr(event, "session_hash", "")),
-                          client_host=getattr(client, "host", None), running=is_running)
+                          client_host=getattr(client, "host", None), running=is_running,
+                          event_id=getattr(event, "_id", None))
 
 
 def queue_length(blocks: gr.Blocks) -> int:

@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import gradio as gr
 from PIL import Image
@@ -22,7 +22,7 @@ from PIL import Image
 from tpu_demo.core import pngmeta
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, StepProgress, Stopped
-from tpu_demo.web.gradio_queue import CurrentEvent
+from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.web.admission import WarmupThrottle
@@ -130,6 +130,9 @@ class PageHandlers:
         #: flags a running handler holds
         self._taken: set[int] = set()
         self._stops_lock = threading.Lock()
+        #: queue events whose request has reached the device (the engine sent its first event)
+        self._reached: set[str] = set()
+        self._reached_lock = threading.Lock()
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
@@ -151,8 +154,13 @@ class PageHandlers:
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
+        reached_device = False
         try:
             for event in self.engine.generate(generation, stop):
+                if not reached_device and queued.event_id:
+                    reached_device = True
+                    with self._reached_lock:
+                        self._reached.add(queued.event_id)
                 run.observe(event)
                 if isinstance(event, Compiling):
                     progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
@@ -182,6 +190,18 @@ class PageHandlers:
             run.close()
             self._drop_stop(request, stop)
             files.remove()
+
+    def device_view(self, events: Iterable[QueuedEvent]) -> list[QueuedEvent]:
+        """The queue's generate events with ``running`` meaning "reached the device".
+
+        Several generate handlers run at once and a running one may still wait for the device; the
+        queue bound counts it as waiting, as before handlers overlapped. An event counts as on the
+        device from its request's first engine event until Gradio lets it go.
+        """
+        events = list(events)
+        with self._reached_lock:
+            self._reached &= {e.event_id for e in events if e.running and e.event_id}  # forget events that ended
+            return [replace(e, running=e.running and e.event_id in self._reached) for e in events]
 
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
