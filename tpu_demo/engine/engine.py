@@ -256,6 +256,8 @@ class Engine:
                         raise EngineError(self.lockstep.failure) from None  # the device thread may be stuck
                     if stop.is_set() and pending.in_flight == 0:  # stopped while waiting: end now
                         pending.finish(Stopped(completed=pending.completed, reason="stopped"))
+                    elif self._closing.is_set() and pending.in_flight == 0:  # its device jobs were dropped
+                        pending.finish(EngineError("the server is shutting down; try again in a minute"))
                     continue
                 if event is END:
                     return

@@ -26,15 +26,13 @@ from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.web.admission import WarmupThrottle
+from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
 from tpu_demo.web.supervision import RequestSupervisor, StopReason
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
 
-#: Stop flags kept for sessions that clicked Generate; past this the oldest is forgotten (its run
-#: can then only be stopped by its time limit or disconnect), so a flood of invented sessions
-#: calling the unqueued click handler cannot grow memory without bound
-MAX_ARMED_SESSIONS = 10_000
+__all__ = ["MAX_ARMED_SESSIONS", "PageHandlers", "UiSettings"]
 
 
 @dataclass(frozen=True)
@@ -121,15 +119,7 @@ class PageHandlers:
         self.settings = settings
         self.supervisor = supervisor or RequestSupervisor()
         self.warmup_throttle = warmup_throttle or WarmupThrottle()
-        #: per session, the flag Stop sets: its oldest running request's (or the one armed by a click)
-        self._stops: dict[str, threading.Event] = {}
-        #: per session, flags of its later requests (several generate handlers run at once, so with
-        #: --max-per-session above 1 a session's second request runs beside its first): each becomes
-        #: the session's Stop flag in turn, as Stop reached the running request before handlers overlapped
-        self._later: dict[str, list[threading.Event]] = {}
-        #: flags a running handler holds
-        self._taken: set[int] = set()
-        self._stops_lock = threading.Lock()
+        self._stops = SessionStops()
         #: queue events whose request has reached the device (the engine sent its first event)
         self._reached: set[str] = set()
         self._reached_lock = threading.Lock()
@@ -205,11 +195,7 @@ class PageHandlers:
 
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
-        session = self._session(request)
-        with self._stops_lock:
-            event = self._stops.get(session) if session is not None else None
-        if event is not None:
-            event.set()
+        self._stops.stop(self._session(request))
 
     def switch_model(self, model_id: Any, mode: Any, request: gr.Request = None):
         """A user picked another model: its defaults, and warm it in the background (see _warm)."""
@@ -340,53 +326,14 @@ class PageHandlers:
         return session if isinstance(session, str) and session else None
 
     def _new_stop(self, request: gr.Request | None) -> threading.Event:
-        event = threading.Event()
-        session = self._session(request)
-        if session is not None:
-            with self._stops_lock:
-                current = self._stops.get(session)
-                if current is not None and id(current) in self._taken:
-                    # a request of this session runs: Stop keeps reaching it; this flag waits its turn
-                    later = self._later.setdefault(session, [])
-                    later[:] = [flag for flag in later if id(flag) in self._taken][-7:] + [event]
-                    return event
-                self._stops.pop(session, None)
-                self._stops[session] = event
-                while len(self._stops) > MAX_ARMED_SESSIONS:  # session hashes are caller-chosen: bound them
-                    oldest = next(iter(self._stops))  # the oldest armed flag
-                    del self._stops[oldest]
-                    self._later.pop(oldest, None)
-        return event
+        return self._stops.arm(self._session(request))
 
     def _armed_stop(self, request: gr.Request | None) -> threading.Event:
         """The flag armed at the click, else a fresh one (API calls arm none); held until ``_drop_stop``."""
-        session = self._session(request)
-        with self._stops_lock:
-            candidates = [self._stops.get(session), *self._later.get(session, [])] if session is not None else []
-            event = next((flag for flag in candidates if flag is not None and id(flag) not in self._taken), None)
-            if event is not None:
-                self._taken.add(id(event))
-                return event
-        event = self._new_stop(request)
-        with self._stops_lock:
-            self._taken.add(id(event))
-        return event
+        return self._stops.take(self._session(request))
 
     def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
-        session = self._session(request)
-        with self._stops_lock:
-            self._taken.discard(id(event))
-            if session is None:
-                return
-            later = self._later.get(session, [])
-            if event in later:
-                later.remove(event)
-            elif self._stops.get(session) is event:
-                del self._stops[session]
-                if later:  # the session's next request: Stop reaches it now
-                    self._stops[session] = later.pop(0)
-            if not later:
-                self._later.pop(session, None)
+        self._stops.release(self._session(request), event)
 
     @staticmethod
     def resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:
