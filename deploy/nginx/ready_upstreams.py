@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -26,6 +27,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+
+def _address(text: str) -> str:
+    """host:port, nothing else (it is written into nginx's configuration)."""
+    if not re.fullmatch(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:]+\]:[0-9]{1,5}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not host:port")
+    return text
 
 
 def replica_state(replica: str, timeout: float) -> tuple[bool, str]:
@@ -65,14 +73,16 @@ def write_atomically(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replica", action="append", required=True, help="host:port of one replica (repeat)")
+    parser.add_argument("--replica", action="append", required=True, type=_address,
+                        help="host:port of one replica (repeat)")
     parser.add_argument("--output-dir", type=Path, required=True,
                         help=f"where tpu-demo.conf includes {UPSTREAMS} and {PINNED} from (nginx's conf dir)")
     parser.add_argument("--reload-command", default="nginx -s reload", help="run when the list changed ('' = none)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between checks")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds a /ready answer may take")
-    parser.add_argument("--max-fails", type=int, default=1, help="nginx passive check: failed connections ...")
-    parser.add_argument("--fail-timeout", type=int, default=10, help="... before a replica is skipped this long")
+    parser.add_argument("--max-fails", type=int, default=1,
+                        help="nginx's passive check: failed connections before a replica is skipped ...")
+    parser.add_argument("--fail-timeout", type=int, default=10, help="... for this many seconds")
     parser.add_argument("--once", action="store_true", help="check and write once, then exit")
     args = parser.parse_args(argv)
     previous: dict[str, str] | None = None
@@ -86,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                 write_atomically(args.output_dir / name, text)
             for replica in args.replica:
                 print(f"{replica}: {'ready' if states[replica] else 'down'} ({reasons[replica]})", flush=True)
+            reloaded = True
             if args.reload_command:
                 result = subprocess.run(shlex.split(args.reload_command), capture_output=True, text=True)
-                if result.returncode:
+                reloaded = result.returncode == 0
+                if not reloaded:  # tried again at the next check
                     print(f"reload failed ({result.returncode}): {result.stderr.strip()}", file=sys.stderr, flush=True)
-            previous = files
+            previous = files if reloaded else None
         if args.once:
             return 0
         time.sleep(args.interval)
