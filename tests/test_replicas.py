@@ -330,3 +330,52 @@ def test_killing_a_replica_mid_run_fails_only_its_own_requests(cluster):
     _wait(lambda: replicas["a"].address not in balancer.listed_up(), 30, "replica a to be listed down")
     assert _generate(by_replica["a"], replicas, seed=8000) in {"b", "c"}
     assert _generate(by_replica["b"], replicas, seed=8001) == "b"
+
+
+def test_the_sync_lists_a_slow_ready_replica_until_its_patience_runs_out():
+    """ready_upstreams.py against real loopback servers: 200, 503, no answer in time, refused."""
+    import importlib.util
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    spec = importlib.util.spec_from_file_location("ready_upstreams", SYNC)
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    behaviour = {"status": 200, "delay": 0.0}
+
+    class Replica(BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(behaviour["delay"])
+            body = json.dumps({"ready": behaviour["status"] == 200, "reason": "compiling bucket 1 of 2"}).encode()
+            self.send_response(behaviour["status"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    verdicts = sync.Verdicts(patience=2)
+    try:
+        assert sync.replica_state(address, 1.0) == (True, "compiling bucket 1 of 2")
+        assert verdicts.update(address, True) is True
+        behaviour["delay"] = 1.5  # busy: no answer within the timeout
+        answer, reason = sync.replica_state(address, 0.3)
+        assert answer is None and "no answer" in reason
+        assert verdicts.update(address, answer) is True  # kept once
+        assert verdicts.update(address, answer) is False  # not twice in a row
+        behaviour.update(delay=0.0, status=503)
+        assert verdicts.update(address, True) is True and sync.replica_state(address, 1.0) == (
+            False, "compiling bucket 1 of 2")
+        assert verdicts.update(address, False) is False  # a 503 takes it out at once
+    finally:
+        server.shutdown()
+        server.server_close()
+    answer, reason = sync.replica_state(address, 1.0)  # nothing listens there any more
+    assert answer is False and "unreachable" in reason
+    files = sync.replica_files({address: False, "127.0.0.1:1": True}, 1, 10)
+    assert f"server {address} max_fails=1 fail_timeout=10s down;" in files[sync.UPSTREAMS]
+    assert address not in files[sync.PINNED] and '"127.0.0.1:1" 127.0.0.1:1;' in files[sync.PINNED]
