@@ -60,7 +60,7 @@ class Replica:
 
     def ready(self) -> tuple[int, str]:
         try:
-            response = httpx.get(f"http://{self.address}/ready", timeout=5)
+            response = httpx.get(f"http://{self.address}/ready", timeout=30)
             return response.status_code, response.json()["reason"]
         except httpx.HTTPError as error:
             return 0, f"unreachable: {error}"
@@ -144,7 +144,8 @@ def cluster(tmp_path_factory):
         replicas[name].start()
     balancer = Balancer(workdir, list(replicas.values()))  # c is listed, down until it starts and is ready
     try:
-        _wait(lambda: balancer.listed_up() == {replicas["a"].address, replicas["b"].address}, 180,
+        # generous: on a shared 2-core machine under load a start-up has taken minutes
+        _wait(lambda: balancer.listed_up() == {replicas["a"].address, replicas["b"].address}, 600,
               "replicas a and b to be ready and listed")
         yield balancer, replicas
     finally:
@@ -154,7 +155,7 @@ def cluster(tmp_path_factory):
         print("nginx access log tail:\n" + "".join((balancer.dir / "access.log").read_text().splitlines(True)[-5:]))
 
 
-def _served_by(replicas: dict, seed: int, wait: float = 10) -> str:
+def _served_by(replicas: dict, seed: int, wait: float = 30) -> str:
     """The replica whose request log has the request with this seed (logged when the request ends)."""
     deadline = time.monotonic() + wait
     while True:
@@ -231,7 +232,7 @@ def test_browsers_through_nginx_get_their_images_from_the_replica_their_cookie_n
                 page.fill("#prompt textarea", "a red circle on a white background")
                 page.click("#generate")
                 wait_for_gallery_images(page, 1)
-                _wait(lambda: len(replicas[name].requests()) == before[name] + 1, 10, "the replica's log line")
+                _wait(lambda: len(replicas[name].requests()) == before[name] + 1, 30, "the replica's log line")
                 assert {n: len(r.requests()) for n, r in replicas.items() if n != name} == \
                     {n: count for n, count in before.items() if n != name}
                 assert blocked == [] and errors == [], (blocked, errors)
@@ -256,7 +257,7 @@ def test_stop_reaches_the_replica_that_runs_the_job(cluster):
             if len(update) >= 1:
                 client.predict(api_name="/stop")  # a separate HTTP request; only the cookie routes it
                 break
-        _wait(job.done, 120, "the stopped job to end")
+        _wait(job.done, 300, "the stopped job to end")
         final = job.outputs()[-1]
         assert 1 <= len(final) < LONG["num_images"], "Stop did not reach the replica running the job"
         assert _served_by(replicas, seed) == name
@@ -273,7 +274,7 @@ def test_a_replica_that_is_not_ready_receives_no_generation(cluster):
     c = replicas["c"]
     # compiled mode, four buckets: several seconds of compiles before it is ready
     c.start("--mode", "compiled", "--buckets", "64x64,96x64,128x64,128x128")
-    _wait(lambda: c.ready()[0] == 503, 180, "replica c to answer /ready (503 while it compiles)")
+    _wait(lambda: c.ready()[0] == 503, 600, "replica c to answer /ready (503 while it compiles)")
     # a cookie naming c (forged, or left from before a restart) does not reach it while it is not ready
     forged = _client(balancer, tpu_demo_replica=c.address)
     assert _generate(forged, replicas, seed=4000) in {"a", "b"}
@@ -291,7 +292,7 @@ def test_a_replica_that_is_not_ready_receives_no_generation(cluster):
     assert {name for _, name in visitors} <= {"a", "b"}
     # once ready, the sync lists it: the cookie naming it reaches it, pinned visitors stay where they are,
     # and new visitors reach it too
-    _wait(lambda: c.address in balancer.listed_up(), 60, "replica c to be listed once ready")
+    _wait(lambda: c.address in balancer.listed_up(), 600, "replica c to be listed once ready")
     time.sleep(0.5)  # the reload's new workers take over
     assert _generate(forged, replicas, seed=5000) == "c"
     after = [_generate(client, replicas, seed=5100 + i) for i, (client, _) in enumerate(visitors)]
@@ -316,11 +317,12 @@ def test_killing_a_replica_mid_run_fails_only_its_own_requests(cluster):
     assert {"a", "b"} <= set(by_replica)
     jobs = {name: by_replica[name].submit(**request_fields(seed=7000 + k, **LONG), api_name="/generate")
             for k, name in enumerate(("a", "b"))}
-    _wait(lambda: all(len(job.outputs()) >= 1 for job in jobs.values()), 120, "both long jobs to stream an image")
+    _wait(lambda: all(len(job.outputs()) >= 1 for job in jobs.values()), 300, "both long jobs to stream an image")
     replicas["a"].process.send_signal(signal.SIGKILL)
-    _wait(lambda: all(job.done() for job in jobs.values()), 180, "both jobs to end")
-    with pytest.raises(Exception):
+    _wait(lambda: all(job.done() for job in jobs.values()), 300, "both jobs to end")
+    with pytest.raises(Exception) as failure:  # the client is told; it does not hang
         jobs["a"].result()
+    print(f"the killed replica's job ended with {failure.typename}: {str(failure.value)[:120]}")
     assert len(jobs["a"].outputs()[-1]) < LONG["num_images"]
     assert _seeds(jobs["b"].outputs()[-1]) == [7001 + i for i in range(LONG["num_images"])]
     # once the sync has listed a down, a's visitor is served elsewhere (its stale cookie is hashed in the
@@ -328,3 +330,52 @@ def test_killing_a_replica_mid_run_fails_only_its_own_requests(cluster):
     _wait(lambda: replicas["a"].address not in balancer.listed_up(), 30, "replica a to be listed down")
     assert _generate(by_replica["a"], replicas, seed=8000) in {"b", "c"}
     assert _generate(by_replica["b"], replicas, seed=8001) == "b"
+
+
+def test_the_sync_lists_a_slow_ready_replica_until_its_patience_runs_out():
+    """ready_upstreams.py against real loopback servers: 200, 503, no answer in time, refused."""
+    import importlib.util
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    spec = importlib.util.spec_from_file_location("ready_upstreams", SYNC)
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    behaviour = {"status": 200, "delay": 0.0}
+
+    class Replica(BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(behaviour["delay"])
+            body = json.dumps({"ready": behaviour["status"] == 200, "reason": "compiling bucket 1 of 2"}).encode()
+            self.send_response(behaviour["status"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    verdicts = sync.Verdicts(patience=2)
+    try:
+        assert sync.replica_state(address, 1.0) == (True, "compiling bucket 1 of 2")
+        assert verdicts.update(address, True) is True
+        behaviour["delay"] = 1.5  # busy: no answer within the timeout
+        answer, reason = sync.replica_state(address, 0.3)
+        assert answer is None and "no answer" in reason
+        assert verdicts.update(address, answer) is True  # kept once
+        assert verdicts.update(address, answer) is False  # not twice in a row
+        behaviour.update(delay=0.0, status=503)
+        assert verdicts.update(address, True) is True and sync.replica_state(address, 1.0) == (
+            False, "compiling bucket 1 of 2")
+        assert verdicts.update(address, False) is False  # a 503 takes it out at once
+    finally:
+        server.shutdown()
+        server.server_close()
+    answer, reason = sync.replica_state(address, 1.0)  # nothing listens there any more
+    assert answer is False and "unreachable" in reason
+    files = sync.replica_files({address: False, "127.0.0.1:1": True}, 1, 10)
+    assert f"server {address} max_fails=1 fail_timeout=10s down;" in files[sync.UPSTREAMS]
+    assert address not in files[sync.PINNED] and '"127.0.0.1:1" 127.0.0.1:1;' in files[sync.PINNED]

@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,8 +30,16 @@ import urllib.request
 from pathlib import Path
 
 
-def replica_state(replica: str, timeout: float) -> tuple[bool, str]:
-    """(ready, reason) from the replica's /ready; unreachable is not ready."""
+def _address(text: str) -> str:
+    """host:port, nothing else (it is written into nginx's configuration)."""
+    if not re.fullmatch(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:]+\]:[0-9]{1,5}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not host:port")
+    return text
+
+
+def replica_state(replica: str, timeout: float) -> tuple[bool | None, str]:
+    """(ready, reason) from the replica's /ready: True, False (it said 503, or refused the
+    connection: not ready for sure), or None (no answer in time: maybe just busy)."""
     try:
         with urllib.request.urlopen(f"http://{replica}/ready", timeout=timeout) as response:
             return True, json.load(response).get("reason", "ready")
@@ -38,8 +48,34 @@ def replica_state(replica: str, timeout: float) -> tuple[bool, str]:
             return False, json.load(error).get("reason", f"HTTP {error.code}")
         except ValueError:
             return False, f"HTTP {error.code}"
+    except (TimeoutError, socket.timeout) as error:
+        return None, f"no answer in {timeout:g} s: {error}"
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, (TimeoutError, socket.timeout)):
+            return None, f"no answer in {timeout:g} s"
+        return False, f"unreachable: {error.reason}"
     except (OSError, ValueError) as error:
         return False, f"unreachable: {error}"
+
+
+class Verdicts:
+    """A ready replica stays listed through up to ``patience`` checks in a row without an answer
+    (a loaded host can be slow to answer); a 503 or a refused connection takes it out at once."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.ready: dict[str, bool] = {}
+        self.silent: dict[str, int] = {}
+
+    def update(self, replica: str, answer: bool | None) -> bool:
+        if answer is None:
+            self.silent[replica] = self.silent.get(replica, 0) + 1
+            if self.silent[replica] >= self.patience:
+                self.ready[replica] = False
+        else:
+            self.silent[replica] = 0
+            self.ready[replica] = answer
+        return self.ready.get(replica, False)
 
 
 UPSTREAMS, PINNED = "tpu-demo-upstreams.conf", "tpu-demo-pinned.conf"
@@ -65,32 +101,40 @@ def write_atomically(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replica", action="append", required=True, help="host:port of one replica (repeat)")
+    parser.add_argument("--replica", action="append", required=True, type=_address,
+                        help="host:port of one replica (repeat)")
     parser.add_argument("--output-dir", type=Path, required=True,
                         help=f"where tpu-demo.conf includes {UPSTREAMS} and {PINNED} from (nginx's conf dir)")
     parser.add_argument("--reload-command", default="nginx -s reload", help="run when the list changed ('' = none)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between checks")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds a /ready answer may take")
-    parser.add_argument("--max-fails", type=int, default=1, help="nginx passive check: failed connections ...")
-    parser.add_argument("--fail-timeout", type=int, default=10, help="... before a replica is skipped this long")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds a /ready answer may take")
+    parser.add_argument("--max-fails", type=int, default=1,
+                        help="nginx's passive check: failed connections before a replica is skipped ...")
+    parser.add_argument("--fail-timeout", type=int, default=10, help="... for this many seconds")
+    parser.add_argument("--patience", type=int, default=3,
+                        help="checks in a row without an answer before a ready replica is listed down")
     parser.add_argument("--once", action="store_true", help="check and write once, then exit")
     args = parser.parse_args(argv)
     previous: dict[str, str] | None = None
+    verdicts = Verdicts(args.patience)
     while True:
         states, reasons = {}, {}
         for replica in args.replica:
-            states[replica], reasons[replica] = replica_state(replica, args.timeout)
+            answer, reasons[replica] = replica_state(replica, args.timeout)
+            states[replica] = verdicts.update(replica, answer)
         files = replica_files(states, args.max_fails, args.fail_timeout)
         if files != previous:
             for name, text in files.items():
                 write_atomically(args.output_dir / name, text)
             for replica in args.replica:
                 print(f"{replica}: {'ready' if states[replica] else 'down'} ({reasons[replica]})", flush=True)
+            reloaded = True
             if args.reload_command:
                 result = subprocess.run(shlex.split(args.reload_command), capture_output=True, text=True)
-                if result.returncode:
+                reloaded = result.returncode == 0
+                if not reloaded:  # tried again at the next check
                     print(f"reload failed ({result.returncode}): {result.stderr.strip()}", file=sys.stderr, flush=True)
-            previous = files
+            previous = files if reloaded else None
         if args.once:
             return 0
         time.sleep(args.interval)
