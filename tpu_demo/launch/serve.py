@@ -24,7 +24,8 @@ from tpu_demo.core.request import RequestLimits
 from tpu_demo.web.shutdown import stop_on_sigterm
 from tpu_demo.web.supervision import RequestSupervisor, SupervisionSettings
 from tpu_demo.web.handlers import PageHandlers, UiSettings
-from tpu_demo.web.page import GENERATE_API, build_page, launch_kwargs
+from tpu_demo.web.history import SessionHistory
+from tpu_demo.web.page import GUARDED_APIS, build_page, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
 
@@ -113,9 +114,9 @@ def hardening_app_kwargs(app: App) -> dict:
                              max_per_ip=app.config.max_per_ip)
     return {
         "routes": [health_route(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active)],
-        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
-                                  current_events=lambda: gradio_queue.pending_events(app.demo, GENERATE_API),
-                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API))],
+        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_names=GUARDED_APIS,
+                                  current_events=lambda: gradio_queue.pending_events(app.demo, GUARDED_APIS),
+                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS))],
     }
 
 

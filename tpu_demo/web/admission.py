@@ -24,7 +24,7 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Collection, Iterable
 
 from tpu_demo.web.gradio_queue import QueuedEvent
 
@@ -88,11 +88,12 @@ class AdmissionMiddleware:
     queued yet count too, so two joins that arrive together cannot both slip past.
     """
 
-    def __init__(self, app: Callable, limits: AdmissionLimits, api_name: str,
+    def __init__(self, app: Callable, limits: AdmissionLimits, api_names: str | Collection[str],
                  current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]]):
         self.app = app
         self.limits = limits
-        self.api_name = api_name
+        #: every generation endpoint (generate, compare_modes): they share the device and one client's share
+        self.api_names = frozenset({api_names} if isinstance(api_names, str) else api_names)
         self.current_events = current_events
         self.fn_ids = fn_ids
         self._joining: list[QueuedEvent] = []
@@ -128,7 +129,7 @@ class AdmissionMiddleware:
     def _limited(self, scope: Scope, body: bytes, more: bool) -> bool:
         path = scope.get("path", "")
         if "/gradio_api/call/" in path:
-            return path.rstrip("/").rsplit("/", 1)[-1] == self.api_name
+            return path.rstrip("/").rsplit("/", 1)[-1] in self.api_names
         fn_index = _json_field(body, "fn_index") if not more else None
         # only a join that names another handler passes unchecked; unreadable ones count, to be safe
         return not isinstance(fn_index, int) or fn_index in self.fn_ids()

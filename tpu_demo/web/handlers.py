@@ -112,7 +112,7 @@ class PageHandlers:
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
-                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True,
+                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
                  request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
         """Stream the gallery: one update per finished image, plus live previews while denoising."""
         queued = CurrentEvent.capture()
@@ -120,7 +120,7 @@ class PageHandlers:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                num_images=num_images, previews=previews), self.settings.limits)
+                num_images=num_images, previews=previews, negative_prompt=negative_prompt), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise _user_error(str(error), "Invalid input") from None
@@ -192,24 +192,25 @@ class PageHandlers:
         settings = read_png_settings(image_path)
         if settings is None:
             gr.Warning("This image carries no settings from this app.")
-            return (gr.skip(),) * 10
+            return (gr.skip(),) * 11
         model_id = settings.get("model")
         if model_id not in self.engine.specs:
             gr.Warning(f"The image was made with {model_id!r}, which is not offered here.")
-            return (gr.skip(),) * 10
+            return (gr.skip(),) * 11
         spec = self.engine.spec(model_id)
         mode = settings.get("mode", mode)
         restored = self._model_controls(spec, settings.get("resolution", str(spec.buckets[0])),
                                         settings.get("num_inference_steps", spec.default_steps),
                                         settings.get("guidance_scale", spec.default_guidance), mode)
         gr.Info("Settings restored from the image.")
+        negative = gr.update(value=settings.get("negative_prompt", ""), visible=spec.negative_prompt)
         return (settings.get("prompt", ""), model_id, mode, *restored[:3], settings.get("seed", 0), False,
-                *restored[3:])
+                *restored[3:], negative)
 
     def restore_from_gallery(self, gallery: list | None, selected: int | None, mode: str):
         if not gallery or selected is None or selected >= len(gallery):
             gr.Warning("Select an image in the gallery first.")
-            return (gr.skip(),) * 10
+            return (gr.skip(),) * 11
         item = gallery[selected]
         path = item[0] if isinstance(item, (list, tuple)) else item
         return self.restore_settings(path, mode)
