@@ -44,6 +44,11 @@ def caption(run: ModeRun) -> str:
             f"{run.speedup:.2f}\u00d7 \u00b7 max pixel diff {run.max_pixel_difference}")
 
 
+def _what_ran(run: ModeRun) -> str:
+    """"plain eager on cpu" from "strict eager (plain eager on cpu)"."""
+    return run.description.partition("(")[2].rstrip(")") or run.description
+
+
 def summary_html(comparison: Comparison) -> str:
     """The figures next to the images, with the notes a reader needs in words (no tooltips)."""
     rows = []
@@ -53,7 +58,7 @@ def summary_html(comparison: Comparison) -> str:
             bucket += f" ({run.graphs_compiled} graph{'s' if run.graphs_compiled != 1 else ''} compiled)"
         rows.append(
             f"<tr><th scope='row'>{html.escape(ExecutionMode(run.mode).title)}<span class='compare-what'>"
-            f"{html.escape(run.description)}</span></th>"
+            f"{html.escape(PLAIN_WORDS[run.mode])}; here: {html.escape(_what_ran(run))}</span></th>"
             f"<td>{run.denoise_seconds:.3f}</td><td>{run.steps_per_second:.1f}</td>"
             f"<td class='compare-speedup'>{run.speedup:.2f}\u00d7</td><td>{html.escape(bucket)}</td>"
             f"<td>{run.max_pixel_difference}</td></tr>")

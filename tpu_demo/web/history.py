@@ -96,4 +96,4 @@ class SessionHistory:
 
 def history_gallery() -> Any:
     return gr.Gallery(label="Earlier in this visit (newest first)", format="png", type="filepath", columns=6,
-                      height="auto", object_fit="contain", allow_preview=True, elem_id="history", value=[])
+                      height="auto", object_fit="contain", interactive=False, elem_id="history", value=[])

@@ -38,8 +38,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
                 with gr.Row(elem_id="actions"):
                     generate_button = gr.Button("Generate", variant="primary", scale=3, elem_id="generate")
-                    compare_button = gr.Button("Compare modes", variant="secondary", scale=2, elem_id="compare")
-                    stop_button = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+                    compare_button = gr.Button("Compare modes", variant="secondary", scale=2, min_width=120,
+                                               elem_id="compare")
+                    stop_button = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
                 model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
                                     value=spec.id, elem_id="model")
                 mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
@@ -65,11 +66,11 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                 details = gr.Markdown(handlers.details_markdown(spec.id, settings.start_mode.value), elem_id="run-details")
             with gr.Column(scale=3, min_width=300, elem_id="results-column"):
                 gallery = gr.Gallery(label="Images", format="png", type="filepath", columns=2, height="auto",
-                                     object_fit="contain", show_label=False, elem_id="gallery")
-                with gr.Group(elem_id="comparison"):
+                                     object_fit="contain", show_label=False, interactive=False, elem_id="gallery")
+                with gr.Column(min_width=160, elem_id="comparison"):
                     compare_gallery = gr.Gallery(label="Same prompt and seed in each execution mode", format="png",
                                                  type="filepath", columns=3, height="auto", object_fit="contain",
-                                                 elem_id="compare-gallery")
+                                                 interactive=False, elem_id="compare-gallery")
                     compare_summary = gr.HTML(EMPTY_SUMMARY, elem_id="compare-summary")
                     with gr.Accordion("Comparison figures (JSON)", open=False):
                         compare_figures = gr.JSON(label="figures", elem_id="compare-figures")
