@@ -31,7 +31,9 @@ from tpu_demo.launch.serve import build_app, launch
 from conftest import free_port, request_fields
 
 REPO = Path(__file__).resolve().parents[1]
-GOOD = dict(previews=False)  # 2 steps at 64x64 on the tiny FLUX: a fraction of a second
+# 2 steps at 64x64 on the tiny FLUX: a fraction of a second; every input given, in the handler's order,
+# so the positional raw-HTTP bodies below are complete
+GOOD = dict(previews=False, negative_prompt="")
 
 
 def _start(cache_dir, *flags):
@@ -397,7 +399,7 @@ def test_a_client_that_drops_its_connection_frees_the_device(server, request_log
     steps, slow = _slow_steps(app)
     fn_index = _generate_fn_index(url)
     session = "dropped-connection"
-    fields = request_fields(num_inference_steps=50, num_images=2, previews=False)
+    fields = request_fields(num_inference_steps=50, num_images=2, **GOOD)
     with slow:
         with httpx.Client(base_url=url, timeout=30) as http:
             joined = http.post("gradio_api/queue/join", json={"data": list(fields.values()), "fn_index": fn_index,
@@ -474,10 +476,11 @@ def test_file_routes_serve_only_the_apps_own_files(server, cache_dir):
 def test_the_api_names_no_paths_repos_or_files(server):
     app, url = server
     api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
-    assert sorted(api["named_endpoints"]) == ["/generate", "/stop"]
+    assert sorted(api["named_endpoints"]) == ["/compare_modes", "/generate", "/stop"]
     assert not api["unnamed_endpoints"]
-    kinds = {p["component"] for p in api["named_endpoints"]["/generate"]["parameters"]}
-    assert not kinds & {"File", "UploadButton", "Image"}
+    for endpoint in ("/generate", "/compare_modes"):
+        kinds = {p["component"] for p in api["named_endpoints"][endpoint]["parameters"]}
+        assert not kinds & {"File", "UploadButton", "Image"}
 
 
 def test_no_pickle_and_no_remote_code_in_the_loading_path():

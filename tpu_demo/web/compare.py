@@ -20,6 +20,7 @@ from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestError, validate_request
 from tpu_demo.web.gradio_queue import CurrentEvent
 from tpu_demo.web.handlers import _RequestFiles, _user_error
+from tpu_demo.web.supervision import StopReason
 
 if TYPE_CHECKING:
     from tpu_demo.web.handlers import PageHandlers
@@ -110,7 +111,11 @@ class CompareHandler:
                     yield list(gallery), gr.skip(), gr.skip()
                 elif isinstance(event, Stopped):
                     run.stopped(event)
-                    raise _user_error(f"Comparison stopped ({event.reason}).", "Stopped")
+                    if run.stop_reason in (StopReason.TIMEOUT, StopReason.SHUTDOWN):
+                        raise _user_error(run.stop_message(event, len(PLAIN_WORDS)), "Stopped")
+                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {len(PLAIN_WORDS)} modes finished.")
+                    yield list(gallery), EMPTY_SUMMARY, None
+                    return
                 elif isinstance(event, Comparison):
                     final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
                     yield final, summary_html(event), event.as_dict()
