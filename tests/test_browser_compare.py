@@ -46,6 +46,14 @@ def test_compare_shows_three_images_speedups_and_the_chart(open_page):
     assert all(height > 0 for height in heights)
     # the results joined this visit's history, newest first
     page.wait_for_function("document.querySelectorAll('#history .grid-container img').length === 3")
+    # About this server: versions, backend, cache state and models, no file paths
+    page.click("#about button.label-wrap")
+    page.wait_for_function("document.querySelector('#about-facts').innerText.includes('Compile cache')")
+    about = page.inner_text("#about-facts")
+    for fact in ("Device:", "torch ", "torch-tpu ", "diffusers ", "transformers ", "gradio ", "aot_eager",
+                 "inductor:", "Tiny FLUX"):
+        assert fact in about
+    assert "/tmp" not in about and "/root" not in about and ".cache" not in about
     assert blocked == [] and errors == []
 
 
