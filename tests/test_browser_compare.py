@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import CHROMIUM, wait_for_gallery_images
+from browser_support import CHROMIUM, guard_network, start_app, stop_app, wait_for_gallery_images
 from test_browser import CONTRASTS, app_url, browser, open_page  # noqa: F401 - fixtures shared with test_browser
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
@@ -92,3 +92,31 @@ def test_negative_prompt_is_shown_only_for_models_that_take_one(open_page):
     page.click("#generate")
     wait_for_gallery_images(page, 2)
     assert errors == []
+
+
+def test_history_is_freed_when_the_tab_closes(browser, cache_dir):
+    """Each visit's history lives in its own folder; closing the tab (Gradio's unload) removes it."""
+    import time
+    from pathlib import Path
+
+    app, url = start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", "--model", "tiny-flux",
+                         "--models", "tiny-flux", "--no-warmup")
+    try:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        guard_network(context)
+        page = context.new_page()
+        page.goto(url)
+        page.fill("#prompt textarea", "a red circle on a white background")
+        page.click("#generate")
+        wait_for_gallery_images(page, 2)
+        page.wait_for_function("document.querySelectorAll('#history .grid-container img').length === 2")
+        assert app.history.sessions() == 1
+        [folder] = [path for path in Path(app.history.root).iterdir()]
+        assert len(list(folder.iterdir())) == 2
+        context.close()
+        deadline = time.monotonic() + 30
+        while app.history.sessions() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert app.history.sessions() == 0 and not folder.exists()
+    finally:
+        stop_app(app)

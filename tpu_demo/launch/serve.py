@@ -39,6 +39,8 @@ class App:
     engine: Engine
     ui: PageHandlers
     demo: gr.Blocks
+    #: each browser session's earlier results (files freed when its tab closes)
+    history: SessionHistory | None = None
 
 
 def offered_models(config: AppConfig) -> tuple[str, ...]:
@@ -92,13 +94,14 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
                                                        log_prompts=config.log_prompts))
     ui = PageHandlers(engine, settings, supervisor)
-    demo = build_page(ui)
+    history = SessionHistory()
+    demo = build_page(ui, history)
     # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too
     demo.queue(max_size=None, default_concurrency_limit=1)
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
-    return App(config, engine, ui, demo)
+    return App(config, engine, ui, demo, history)
 
 
 def launch(app: App, **kwargs) -> None:
