@@ -99,15 +99,15 @@ def test_compare_validates_like_generate_and_the_server_keeps_serving(launch_app
 
 def test_compare_obeys_the_per_session_limit_of_generate(launch_app):
     """Compare is a generation: while this client's generate runs, its compare is refused (503 busy)."""
-    app, url = launch_app("--model", "tiny-flux", "--models", "tiny-flux", "--no-warmup", "--max-per-ip", "1")
+    app, url = launch_app("--model", "tiny-flux", "--models", "tiny-flux", "--no-warmup", "--max-per-ip", "1",
+                          "--max-images", "16")
     client = Client(url, verbose=False)
-    running = client.submit(**request_fields(num_inference_steps=50, num_images=4, resolution="128x128",
+    # 16 images of 50 steps at 128x128: seconds of work, stopped below once the checks are done
+    running = client.submit(**request_fields(num_inference_steps=50, num_images=16, resolution="128x128",
                                              previews=False), api_name="/generate")
     deadline = time.monotonic() + 60
     while not app.engine.status().busy and time.monotonic() < deadline:
         time.sleep(0.05)
-    with pytest.raises(Exception, match="(?i)queue is full|busy"):
-        compare(client)
     # raw HTTP on the /call route from another session, same address: 503 naming the address limit
     body = json.dumps({"data": ["a red circle", "", "tiny-flux", "64x64", 2, 0.0, 1]}).encode()
     request = urllib.request.Request(url + "gradio_api/call/compare_modes", data=body,
@@ -115,6 +115,11 @@ def test_compare_obeys_the_per_session_limit_of_generate(launch_app):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code == 503 and "address" in json.loads(refused.value.read())["detail"]
+    # the same client through gradio_client: refused by its session's share
+    with pytest.raises(Exception, match="(?i)queue is full|busy"):
+        compare(client)
+    assert not running.done(), "the generation ended before the checks: they proved nothing"
+    client.predict(api_name="/stop")
     running.result(timeout=120)
     assert len(compare(client)[0]) == 3  # the device is free again: the same client compares
 
