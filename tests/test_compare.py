@@ -59,6 +59,7 @@ def test_compare_modes_returns_three_matching_images_timed_warm_against_warm(lau
     assert modes[0]["speedup_vs_strict_eager"] == 1.0
     assert modes[2]["graphs_compiled"] >= 1 and modes[0]["graphs_compiled"] == 0
     assert figures["warm_vs_warm"] is True and figures["same_code"] == [["eager", "eager-fused"]]
+    assert figures["timed_rounds"] == 2
     assert "Warm against warm" in summary and "Same code here" in summary and "strict eager" in summary
     assert all("\u00d7" in item["caption"] for item in gallery)
 
@@ -69,7 +70,8 @@ def test_compare_modes_returns_three_matching_images_timed_warm_against_warm(lau
     assert all(m["warm_before"] and m["warmup_seconds"] is None for m in figures_again["modes"])
     assert np.array_equal(pixels(gallery_again[2]), images[2])
     # both comparisons feed the speed chart: three warm images each
-    assert [run.mode for run in app.engine.recent.snapshot()] == ["eager", "eager-fused", "compiled"] * 2
+    # (each comparison times two interleaved rounds)
+    assert [run.mode for run in app.engine.recent.snapshot()] == ["eager", "eager-fused", "compiled"] * 4
 
 
 def test_compare_sd3_with_negative_prompt_and_cfg(launch_app):

@@ -44,11 +44,14 @@ class Comparison:
 
     runs: tuple[ModeRun, ...]
     same_code: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
+    #: each mode was timed this many times, interleaved; its fastest run is reported
+    timed_rounds: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         """The figures without the images (the API's JSON output)."""
         return {
             "warm_vs_warm": True,
+            "timed_rounds": self.timed_rounds,
             "same_code": [list(group) for group in self.same_code],
             "modes": [{
                 "mode": run.mode, "description": run.description, "seed": run.parameters.get("seed"),

@@ -64,7 +64,8 @@ def summary_html(comparison: Comparison) -> str:
             f"<td class='compare-speedup'>{run.speedup:.2f}\u00d7</td><td>{html.escape(bucket)}</td>"
             f"<td>{run.max_pixel_difference}</td></tr>")
     notes = ["<strong>Warm against warm:</strong> every mode's bucket was warmed before timing, so compile "
-             "time is not in the seconds above; a cold bucket's warmup is shown on its own."]
+             "time is not in the seconds above; a cold bucket's warmup is shown on its own. Each mode ran "
+             f"{comparison.timed_rounds} times, interleaved with the others; its fastest run is shown."]
     for group in comparison.same_code:
         titles = " and ".join(ExecutionMode(mode).title for mode in group)
         notes.append(f"<strong>Same code here:</strong> on this device {titles} run identical code (plain "
