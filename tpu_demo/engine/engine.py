@@ -32,11 +32,14 @@ from tpu_demo.core.catalog import CATALOG, ModelSpec, Placement, get_spec
 from tpu_demo.core.errors import EngineError
 from tpu_demo.core.events import BucketStatus, Compiling, EngineStatus, ImageResult, ShapeKey, Stopped
 from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.recent import RecentRuns, TimedRun
 from tpu_demo.core.request import GenerationRequest
 from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
                              synchronize)
 from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall
 from tpu_demo.engine.bucket_book import BucketBook
+from tpu_demo.engine.about import server_facts
+from tpu_demo.engine.compare import compare_modes
 from tpu_demo.engine.compile_counter import CompileCounter
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.image_record import image_parameters, image_timings
@@ -90,6 +93,8 @@ class Engine:
         #: models a running or queued request needs (model id -> count): warmups never evict them
         self._in_use: Counter[str] = Counter()
         self._in_use_lock = threading.Lock()
+        #: warm images of recent requests and comparisons: the page's speed chart
+        self.recent = RecentRuns()
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {
             model_id: get_spec(model_id).with_buckets(config.bucket_overrides[model_id])
@@ -192,6 +197,14 @@ class Engine:
             results.append(status)
         return results
 
+    def warm_shape(self, model_id: str, mode: ExecutionMode, bucket: Bucket, guidance_scale: float) -> BucketStatus:
+        """Warm the one shape a request with this guidance runs at (blocking); its status after.
+
+        Part of a generation (compare modes), so it may load the model like a request does."""
+        spec = self.spec(model_id)
+        key = self.shape_key(spec, mode, bucket, guidance_scale)
+        return self.submit(lambda: self._warm_bucket(spec, mode, bucket, key, True)).result()
+
     def warmup_in_background(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                              may_evict: bool = True) -> threading.Thread:
         """Warm in a background thread; coalesced: while a warmup of (model, mode) is pending or
@@ -249,6 +262,14 @@ class Engine:
                 if self._in_use[request.model] <= 0:
                     del self._in_use[request.model]
 
+    def about(self) -> dict[str, Any]:
+        """Device, versions, compile backend and cache state, models offered (engine/about.py)."""
+        return server_facts(self)
+
+    def compare_modes(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
+        """The request in every execution mode, warm against warm (see engine/compare.py)."""
+        return compare_modes(self, request, stop)
+
     def close(self) -> None:
         """Drop queued jobs, wait for the running one, and free every loaded model."""
         self._closing.set()
@@ -257,18 +278,20 @@ class Engine:
 
     # ---- on the device thread -------------------------------------------------------------
     def _call_pipeline(self, loaded: LoadedModel, mode: ExecutionMode, prompt: str, bucket: Bucket,
-                       steps: int, guidance: float, seed: int, observer: StepObserver) -> Any:
+                       steps: int, guidance: float, seed: int, observer: StepObserver,
+                       negative_prompt: str = "") -> Any:
         if mode is ExecutionMode.COMPILED and not loaded.compiled:
             compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
             loaded.compiled = True
         callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
-        call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed)
+        call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed,
+                            negative_prompt)
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
                 generator=torch.Generator("cpu").manual_seed(seed),
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.spec.pipeline_kwargs(guidance))
+                **loaded.spec.pipeline_kwargs(guidance, negative_prompt))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
@@ -280,7 +303,7 @@ class Engine:
         bucket = Bucket(call.width, call.height)
         observer = StepObserver.silent(call.num_inference_steps, bucket, self._previews(loaded, bucket, 0))
         self._call_pipeline(loaded, ExecutionMode(call.mode), call.prompt, bucket, call.num_inference_steps,
-                            call.guidance_scale, call.seed, observer)
+                            call.guidance_scale, call.seed, observer, call.negative_prompt)
 
     def _previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
         return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)
@@ -332,7 +355,8 @@ class Engine:
             previews = self._previews(loaded, bucket, self.config.preview_every if request.previews else 0)
             observer = StepObserver(emit, index, request.num_inference_steps, stop, bucket, previews)
             call = lambda: self._call_pipeline(loaded, request.mode, request.prompt, bucket,  # noqa: E731
-                                               request.num_inference_steps, request.guidance_scale, seed, observer)
+                                               request.num_inference_steps, request.guidance_scale, seed, observer,
+                                               request.negative_prompt)
             started = time.perf_counter()
             compiles_before = self.counter.count
             try:
@@ -353,6 +377,9 @@ class Engine:
                                     self.counter.count - compiles_before)
             parameters = image_parameters(request, seed, mode_text, self.device.badge,
                                           type(loaded.pipeline.scheduler).__name__, timings, warm)
+            if warm:  # a first call's time includes compiling: not a speed figure
+                self.recent.add(TimedRun(loaded.spec.id, request.mode.value, str(bucket), request.num_inference_steps,
+                                         timings["denoise_seconds"], timings["steps_per_second"]))
             image = output.images[0]
             pngmeta.attach(image, parameters)
             emit(ImageResult(index=index, image=image, seed=seed, parameters=parameters, timings=timings, warm=warm))

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Collection, Iterable
 
 from tpu_demo.web.gradio_queue import EventInputs, QueuedEvent
 
@@ -142,12 +142,13 @@ class AdmissionMiddleware:
     queued yet count too, so two joins that arrive together cannot both slip past.
     """
 
-    def __init__(self, app: Callable, limits: AdmissionLimits, api_name: str,
+    def __init__(self, app: Callable, limits: AdmissionLimits, api_names: str | Collection[str],
                  current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]],
                  event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None):
         self.app = app
         self.limits = limits
-        self.api_name = api_name
+        #: every generation endpoint (generate, compare_modes): they share the device and one client's share
+        self.api_names = frozenset({api_names} if isinstance(api_names, str) else api_names)
         self.current_events = current_events
         self.fn_ids = fn_ids
         self.event_inputs = event_inputs
@@ -215,7 +216,7 @@ class AdmissionMiddleware:
         if not _is_join(scope):
             return False
         if "/gradio_api/call/" in path:
-            return path.rstrip("/").rsplit("/", 1)[-1] == self.api_name
+            return path.rstrip("/").rsplit("/", 1)[-1] in self.api_names
         fn_index = _json_field(body, "fn_index")
         # only a join that names another handler passes unchecked; unreadable ones count, to be safe
         return not isinstance(fn_index, int) or fn_index in self.fn_ids()
