@@ -15,7 +15,9 @@ HEADER = """# Flags
 
 For operators: every setting of the app. Each flag has an environment twin `TPU_DEMO_<NAME>`
 (`--memory-budget` -> `TPU_DEMO_MEMORY_BUDGET`; switches take `1`/`true`/`yes`/`on`); the command line
-wins. A bad value exits with status 2 and one line naming the flag. This page is generated from
+wins. `--host` and `--port` also read Gradio's `GRADIO_SERVER_NAME` / `GRADIO_SERVER_PORT` (what
+Hugging Face Spaces sets) after their twin: flag, then `TPU_DEMO_HOST`, then `GRADIO_SERVER_NAME`,
+then the default. A bad value exits with status 2 and one line naming the flag. This page is generated from
 the flags' single declaration (`AppConfig` in `tpu_demo/launch/config.py`) by
 `python scripts/flags_doc.py`, and a test fails when it is out of date.
 

@@ -2,7 +2,8 @@
 
 Starts the app on a free loopback port (embedded tiny model by default), waits for the start
 model's buckets to warm, then in headless Debian Chromium types a prompt, fixes the seed,
-presses Generate and waits for every image before taking the shot. Run it whenever the UI
+presses Generate and waits for every image, then presses Compare modes and waits for the three
+modes and the speed chart before taking the shot. Run it whenever the UI
 changes:
 
     python scripts/screenshot.py                       # assets/screenshot.png, light theme
@@ -38,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=900)
     parser.add_argument("--viewport-only", action="store_true", help="capture only the first screen, not the page")
+    parser.add_argument("--no-compare", action="store_true", help="skip Compare modes before the shot")
     parser.add_argument("--cache-dir", default=None, help="the app's --cache-dir (default: the app's)")
     return parser.parse_args()
 
@@ -81,6 +83,13 @@ def main() -> None:
             page.press("#num-images input[type=number]", "Tab")
             page.click("#generate")
             wait_for_gallery_images(page, args.num_images, timeout_ms=120_000)
+            if not args.no_compare:
+                page.click("#compare")
+                page.wait_for_function("""() => document.querySelectorAll('#compare-gallery .grid-container img').length === 3
+                    && document.querySelector('#compare-summary').innerText.includes('Warm against warm')""",
+                                       timeout=300_000)
+                page.wait_for_function("document.querySelectorAll('#speed-chart svg .mark-rect path').length >= 3",
+                                       timeout=30_000)
             page.wait_for_timeout(1500)  # one status-panel refresh and the progress bar gone
             page.mouse.move(0, 0)
             args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -214,7 +214,7 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
 
     def watch():
         while not watching.is_set():
-            events = app.ui.device_view(gradio_queue.pending_events(app.demo, "generate"))
+            events = app.ui.device_view(gradio_queue.pending_events(app.demo, "generate"), "generate")
             waiting = sum(not e.running for e in events)
             peak["waiting"] = max(peak["waiting"], waiting)
             peak["running"] = max(peak["running"], app.ui.supervisor.active())

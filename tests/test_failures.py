@@ -86,7 +86,7 @@ def test_a_client_that_drops_its_connection_frees_the_device(served_app, request
     steps, slow = slow_steps(app)
     fn_index = generate_fn_index(url)
     session = "dropped-connection"
-    fields = request_fields(num_inference_steps=50, num_images=2, previews=False)
+    fields = request_fields(num_inference_steps=50, num_images=2, **GOOD)
     with slow:
         with httpx.Client(base_url=url, timeout=30) as http:
             joined = http.post("gradio_api/queue/join", json={"data": list(fields.values()), "fn_index": fn_index,

@@ -54,10 +54,11 @@ def test_file_routes_serve_only_the_apps_own_files(served_app, cache_dir):
 def test_the_api_names_no_paths_repos_or_files(served_app):
     app, url = served_app
     api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
-    assert sorted(api["named_endpoints"]) == ["/generate", "/stop"]
+    assert sorted(api["named_endpoints"]) == ["/compare_modes", "/generate", "/stop"]
     assert not api["unnamed_endpoints"]
-    kinds = {p["component"] for p in api["named_endpoints"]["/generate"]["parameters"]}
-    assert not kinds & {"File", "UploadButton", "Image"}
+    for endpoint in ("/generate", "/compare_modes"):
+        kinds = {p["component"] for p in api["named_endpoints"][endpoint]["parameters"]}
+        assert not kinds & {"File", "UploadButton", "Image"}
 
 
 def test_no_pickle_and_no_remote_code_in_the_loading_path():

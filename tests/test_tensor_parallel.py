@@ -177,6 +177,17 @@ def test_consecutive_requests_with_different_buckets(tp_server):
     assert first.shape == (64, 64, 3) and second.shape == (64, 96, 3)
 
 
+def test_compare_modes_runs_on_every_rank(tp_server, make_engine):
+    """Compare modes under tensor parallelism: three modes (compiled included) match the single process."""
+    client = Client(tp_server.url, verbose=False)
+    gallery, _, figures = client.predict("a red circle on a white background", "", "tiny-flux", "64x64", 2, 0.0, 5,
+                                         api_name="/compare_modes")
+    assert [m["mode"] for m in figures["modes"]] == ["eager", "eager-fused", "compiled"]
+    single = _single_process_pixels(make_engine, model="tiny-flux", seed=5)
+    for item in gallery:
+        assert np.abs(np.asarray(Image.open(item["image"]), dtype=np.int16) - single).max() <= 2
+
+
 def test_stop_reaches_every_rank(tp_server, make_engine):
     """Stop mid-request, then the next request still matches: every rank skipped the same steps."""
     client = Client(tp_server.url, verbose=False)

@@ -93,8 +93,9 @@ def test_catalog_calls_the_model_as_it_was_evaluated():
     assert spec.default_guidance == defaults["true_cfg_scale"]
     assert spec.default_steps == defaults["num_inference_steps"]
     assert [str(b) for b in spec.buckets] == [f"{defaults['width']}x{defaults['height']}"]
+    kwargs = spec.pipeline_kwargs(spec.default_guidance)  # the negative prompt field defaults to ""
     for key in ("max_sequence_length", "negative_prompt"):
-        assert spec.call_kwargs[key] == defaults[key]
+        assert kwargs[key] == defaults[key]
 
 
 def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipeline):

@@ -164,6 +164,14 @@ def describe_mode(mode: ExecutionMode, device: DeviceInfo, cpu_backend: str) -> 
     return f"{mode.title} (plain eager on {device.kind})"
 
 
+def modes_running_same_code(device: DeviceInfo) -> tuple[tuple[ExecutionMode, ...], ...]:
+    """Groups of modes that run the very same code here: off TPU both eager modes are plain eager
+    (``DEFER_AND_FUSE`` is torch-tpu's), so a comparison must say their difference is noise."""
+    if device.kind == "tpu":
+        return ()
+    return ((ExecutionMode.EAGER, ExecutionMode.EAGER_FUSED),)
+
+
 def distributed_backend(device: DeviceInfo) -> str:
     """``torch.distributed`` backend: "tpu_dist" on TPU, "nccl" on CUDA, "gloo" on CPU."""
     return {"tpu": "tpu_dist", "cuda": "nccl"}.get(device.kind, "gloo")

@@ -62,6 +62,10 @@ class ModelSpec:
     guidance_argument: str = "guidance_scale"
     accelerator_dtype: str = "bfloat16"
     cpu_dtype: str = "float32"
+    #: the pipeline takes ``negative_prompt`` (SD3's CFG, FluxPipeline's true CFG): the page shows the
+    #: field and the request carries it; always passed ("" by default), since FluxPipeline runs true CFG
+    #: only when one is given
+    negative_prompt: bool = False
     #: extra keyword arguments for every pipeline call (static text length etc.)
     call_kwargs: Mapping[str, object] = field(default_factory=dict)
     #: image side lengths must be multiples of this (vae_scale_factor * patch packing)
@@ -72,9 +76,10 @@ class ModelSpec:
     license_note: str = ""
     example_prompts_file: str = "prompts.txt"
 
-    def pipeline_kwargs(self, guidance: float) -> dict[str, object]:
+    def pipeline_kwargs(self, guidance: float, negative_prompt: str = "") -> dict[str, object]:
         """Keyword arguments of every pipeline call besides prompt, size, steps and generator."""
-        return {self.guidance_argument: guidance, **self.call_kwargs}
+        negative = {"negative_prompt": negative_prompt} if self.negative_prompt else {}
+        return {self.guidance_argument: guidance, **negative, **self.call_kwargs}
 
     @property
     def is_builtin(self) -> bool:
@@ -142,7 +147,7 @@ _ENTRIES = (
         source="assets:models/tiny-shapes", default_steps=12, max_steps=50, default_guidance=3.0,
         guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_buckets("64x64"), size_multiple=8,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
-        call_kwargs={"max_sequence_length": 32, "negative_prompt": ""}, example_prompts_file="tiny_shapes_prompts.txt",
+        negative_prompt=True, call_kwargs={"max_sequence_length": 32}, example_prompts_file="tiny_shapes_prompts.txt",
     ),
     ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",
@@ -154,7 +159,7 @@ _ENTRIES = (
     ModelSpec(
         id="tiny-sd3", title="Tiny SD3 (random weights, offline)", pipeline_class="StableDiffusion3Pipeline",
         source="builtin:tiny-sd3", default_steps=4, max_steps=50, default_guidance=4.5,
-        guidance_range=(0.0, 20.0), cfg_doubles_batch=True, buckets=_TINY_BUCKETS,
+        guidance_range=(0.0, 20.0), cfg_doubles_batch=True, negative_prompt=True, buckets=_TINY_BUCKETS,
         placements=(Placement.WHOLE, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 77},
         repeated_blocks=("JointTransformerBlock",),
     ),
@@ -176,7 +181,8 @@ _ENTRIES = (
     ModelSpec(
         id="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
         source="stabilityai/stable-diffusion-3.5-medium", default_steps=40, max_steps=80,
-        default_guidance=4.5, guidance_range=(0.0, 20.0), cfg_doubles_batch=True, buckets=_REAL_BUCKETS,
+        default_guidance=4.5, guidance_range=(0.0, 20.0), cfg_doubles_batch=True, negative_prompt=True,
+        buckets=_REAL_BUCKETS,
         placements=(Placement.WHOLE, Placement.OFFLOAD),
         component_gb={"transformer": 4.9, "text_encoder_3": 9.5, "text_encoder_2": 1.4,
                       "text_encoder": 0.25, "vae": 0.17},

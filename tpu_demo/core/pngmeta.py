@@ -1,7 +1,7 @@
 """Generation settings carried inside each PNG.
 
 Two text chunks: "parameters", in the AUTOMATIC1111 layout that image tools read
-(prompt line, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ..."),
+(prompt line, "Negative prompt: ..." line when there is one, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ..."),
 and "tpu_demo", the same settings as JSON, which is what the app reads back.
 """
 
@@ -15,7 +15,8 @@ from PIL import Image, PngImagePlugin
 JSON_KEY = "tpu_demo"
 PARAMETERS_KEY = "parameters"
 #: The request fields a PNG restores.
-SETTINGS_FIELDS = ("prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale", "seed")
+SETTINGS_FIELDS = ("prompt", "negative_prompt", "model", "mode", "resolution", "num_inference_steps",
+                   "guidance_scale", "seed")
 
 
 def a1111_parameters(settings: Mapping[str, Any]) -> str:
@@ -34,7 +35,9 @@ def a1111_parameters(settings: Mapping[str, Any]) -> str:
     if timings:
         fields.append(("Time taken", f"{timings.get('total_seconds', 0):.2f}s"))
     body = ", ".join(f"{name}: {str(value).replace(',', ' ')}" for name, value in fields if value != "")
-    return f"{settings['prompt']}\n{body}"
+    negative = settings.get("negative_prompt") or ""
+    # A1111's layout: the negative prompt on its own line between the prompt and the settings
+    return f"{settings['prompt']}\n" + (f"Negative prompt: {negative}\n" if negative else "") + body
 
 
 def attach(image: Image.Image, settings: Mapping[str, Any]) -> Image.Image:

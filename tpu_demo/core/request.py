@@ -52,6 +52,8 @@ class GenerationRequest:
     num_images: int = 1
     #: stream latent previews while denoising (never changes the final pixels)
     previews: bool = True
+    #: what the image should not show; only for models whose pipeline takes one (ModelSpec.negative_prompt)
+    negative_prompt: str = ""
 
     @property
     def bucket(self) -> Bucket:
@@ -118,17 +120,25 @@ def _boolean(field: str, value: Any) -> bool:
     raise RequestError(field, f"must be true or false, got {shown}")
 
 
-def _prompt(value: Any, max_chars: int) -> str:
+def _prompt(value: Any, max_chars: int, field: str = "prompt", required: bool = True) -> str:
     if not isinstance(value, str):
-        raise RequestError("prompt", f"must be text, got {_kind(value)}")
+        raise RequestError(field, f"must be text, got {_kind(value)}")
     prompt = value.strip()
-    if not prompt:
-        raise RequestError("prompt", "is empty; describe the image you want")
+    if not prompt and required:
+        raise RequestError(field, "is empty; describe the image you want")
     if len(prompt) > max_chars:
-        raise RequestError("prompt", f"is {len(prompt)} characters long; the limit is {max_chars}")
+        raise RequestError(field, f"is {len(prompt)} characters long; the limit is {max_chars}")
     if any(unicodedata.category(char) in ("Cc", "Cs", "Co") and char not in "\n\t" for char in prompt):
-        raise RequestError("prompt", "contains control or unprintable characters; use plain text")
+        raise RequestError(field, "contains control or unprintable characters; use plain text")
     return prompt
+
+
+def _negative_prompt(value: Any, spec: ModelSpec, max_chars: int) -> str:
+    """Checked like the prompt, but may be empty; a model whose pipeline takes none refuses a non-empty one."""
+    negative = _prompt(value, max_chars, "negative_prompt", required=False)
+    if negative and not spec.negative_prompt:
+        raise RequestError("negative_prompt", f"{spec.id} does not take a negative prompt; leave it empty")
+    return negative
 
 
 def check_model(value: Any, limits: RequestLimits = RequestLimits()) -> ModelSpec:
@@ -192,4 +202,5 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
         seed=_integer("seed", raw.get("seed", 0), 0, MAX_SEED),
         num_images=_integer("num_images", raw.get("num_images", 1), 1, limits.max_images),
         previews=_boolean("previews", raw.get("previews", True)),
+        negative_prompt=_negative_prompt(raw.get("negative_prompt", ""), spec, limits.max_prompt_chars),
     )

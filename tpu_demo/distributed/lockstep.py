@@ -56,6 +56,7 @@ class PipelineCall:
     num_inference_steps: int
     guidance_scale: float
     seed: int
+    negative_prompt: str = ""
 
     @property
     def shape_key(self) -> tuple:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tpu_demo.core import pngmeta
 from tpu_demo.core.events import Compiling, ImageResult, Stopped
+from tpu_demo.core.recent import TimedRun
 from tpu_demo.engine.batching import Member, PendingRequest
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.image_record import image_parameters, image_timings
@@ -83,9 +84,10 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
                  for m in members]
     observer = BatchObserver(observers, members, engine.decode_guard)
     prompts = [m.pending.request.prompt for m in members]
+    negatives = [m.pending.request.negative_prompt for m in members]
     seeds = [m.pending.request.seed + m.index for m in members]
     call: Callable[[], Any] = lambda: engine.call_pipeline(  # noqa: E731
-        loaded, mode, prompts, bucket, first.num_inference_steps, first.guidance_scale, seeds, observer)
+        loaded, mode, prompts, bucket, first.num_inference_steps, first.guidance_scale, seeds, observer, negatives)
     started = time.perf_counter()
     compiles_before = engine.counter.count
     try:
@@ -116,6 +118,10 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
         timings = image_timings(started, image_observer.last_step_at, ended, first.num_inference_steps,
                                 engine.counter.count - compiles_before)
         timings["batch"] = len(members)
+        if warm:  # the speed chart: a first call's time includes compiling; a batch's time is shared by its images
+            engine.recent.add(TimedRun(loaded.spec.id, mode.value, str(bucket), first.num_inference_steps,
+                                       timings["denoise_seconds"] / len(members),
+                                       timings["steps_per_second"] * len(members)))
         seed = pending.request.seed + member.index
         parameters = image_parameters(pending.request, seed, mode_text, engine.device.badge, scheduler, timings, warm)
         image = output.images[row]

@@ -32,6 +32,7 @@ from tpu_demo.core.catalog import CATALOG, ModelSpec, Placement, get_spec
 from tpu_demo.core.errors import EngineError
 from tpu_demo.core.events import BucketStatus, EngineStatus, ShapeKey, Stopped
 from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.recent import RecentRuns
 from tpu_demo.core.request import GenerationRequest
 from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
                              synchronize)
@@ -39,6 +40,8 @@ from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall
 from tpu_demo.engine.batch_run import run_batch
 from tpu_demo.engine.batching import END, ImageQueue, PendingRequest, batch_sizes
 from tpu_demo.engine.bucket_book import BucketBook
+from tpu_demo.engine.about import server_facts
+from tpu_demo.engine.compare import compare_modes
 from tpu_demo.engine.compile_counter import CompileCounter
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
@@ -98,6 +101,8 @@ class Engine:
         #: models a running or queued request needs (model id -> count): warmups never evict them
         self._in_use: Counter[str] = Counter()
         self._in_use_lock = threading.Lock()
+        #: warm images of recent requests and comparisons: the page's speed chart
+        self.recent = RecentRuns()
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {
             model_id: get_spec(model_id).with_buckets(config.bucket_overrides[model_id])
@@ -217,6 +222,14 @@ class Engine:
             results.append(status)
         return results
 
+    def warm_shape(self, model_id: str, mode: ExecutionMode, bucket: Bucket, guidance_scale: float) -> BucketStatus:
+        """Warm the one shape a request with this guidance runs at (blocking); its status after.
+
+        Part of a generation (compare modes), so it may load the model like a request does."""
+        spec = self.spec(model_id)
+        key = self.shape_key(spec, mode, bucket, guidance_scale)
+        return self.submit(lambda: self._warm_bucket(spec, mode, bucket, key, True)).result()
+
     def warmup_in_background(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                              may_evict: bool = True) -> threading.Thread:
         """Warm in a background thread; coalesced: while a warmup of (model, mode) is pending or
@@ -277,6 +290,14 @@ class Engine:
         """Requests none of whose images has reached the device yet."""
         return self._images.waiting_requests()
 
+    def about(self) -> dict[str, Any]:
+        """Device, versions, compile backend and cache state, models offered (engine/about.py)."""
+        return server_facts(self)
+
+    def compare_modes(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
+        """The request in every execution mode, warm against warm (see engine/compare.py)."""
+        return compare_modes(self, request, stop)
+
     def close(self) -> None:
         """Drop queued jobs, wait for the running one, and free every loaded model."""
         self._closing.set()
@@ -285,22 +306,27 @@ class Engine:
 
     # ---- on the device thread -------------------------------------------------------------
     def call_pipeline(self, loaded: LoadedModel, mode: ExecutionMode, prompts: list[str], bucket: Bucket,
-                      steps: int, guidance: float, seeds: list[int], observer: Any) -> Any:
+                      steps: int, guidance: float, seeds: list[int], observer: Any,
+                      negative_prompts: list[str] | None = None) -> Any:
         """One pipeline call of ``len(prompts)`` images, image i from its own generator seeded ``seeds[i]``."""
         if mode is ExecutionMode.COMPILED and not loaded.compiled:
             compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
             loaded.compiled = True
         callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
         generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
+        negatives = negative_prompts or [""] * len(prompts)
+        kwargs = loaded.spec.pipeline_kwargs(guidance, negatives[0])
+        if "negative_prompt" in kwargs and len(prompts) > 1:
+            kwargs["negative_prompt"] = list(negatives)  # one per image, like the prompts
         # tensor parallel carries one prompt and seed per call (batch 1): see set_max_batch
         call = PipelineCall(loaded.spec.id, mode.value, prompts[0], bucket.width, bucket.height, steps, guidance,
-                            seeds[0])
+                            seeds[0], negatives[0])
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 prompt=prompts if len(prompts) > 1 else prompts[0], height=bucket.height, width=bucket.width,
                 num_inference_steps=steps, generator=generators if len(generators) > 1 else generators[0],
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.spec.pipeline_kwargs(guidance))
+                **kwargs)
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
@@ -315,7 +341,7 @@ class Engine:
         bucket = Bucket(call.width, call.height)
         observer = StepObserver.silent(call.num_inference_steps, bucket, self.previews(loaded, bucket, 0))
         self.call_pipeline(loaded, ExecutionMode(call.mode), [call.prompt], bucket, call.num_inference_steps,
-                           call.guidance_scale, [call.seed], observer)
+                           call.guidance_scale, [call.seed], observer, [call.negative_prompt])
 
     def previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
         return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)

@@ -1,7 +1,10 @@
 """Command-line flags and ``TPU_DEMO_*`` environment variables -> AppConfig.
 
 Every flag has an environment twin (``--memory-budget`` <-> ``TPU_DEMO_MEMORY_BUDGET``); the
-command line wins. A bad value exits with status 2 and one line naming the flag.
+command line wins. ``--host`` and ``--port`` also read Gradio's own ``GRADIO_SERVER_NAME`` and
+``GRADIO_SERVER_PORT`` (what Hugging Face Spaces sets), after their ``TPU_DEMO_*`` twin: flag,
+then ``TPU_DEMO_HOST``, then ``GRADIO_SERVER_NAME``, then the default. A bad value exits with
+status 2 and one line naming the flag.
 """
 
 from __future__ import annotations
@@ -99,21 +102,23 @@ def _choice(values: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
-def flag(default: Any, description: str, parse: Callable[[str], Any] | None = str) -> Any:
+def flag(default: Any, description: str, parse: Callable[[str], Any] | None = str,
+         also_env: tuple[str, ...] = ()) -> Any:
     """One flag, declared once: its default, help and parser (None: an on/off switch).
 
     The flag name is the field's (``memory_budget`` -> ``--memory-budget``), the environment
-    twin ``TPU_DEMO_`` + the upper-cased name.
+    twin ``TPU_DEMO_`` + the upper-cased name; ``also_env`` are further variables read after it.
     """
-    return field(default=default, metadata={"help": description, "parse": parse})
+    return field(default=default, metadata={"help": description, "parse": parse, "also_env": also_env})
 
 
 @dataclass(frozen=True)
 class AppConfig:
     """Every setting of the app; ``python app.py --help`` is generated from these fields."""
 
-    host: str = flag("127.0.0.1", "address to listen on (0.0.0.0 to serve the network)")
-    port: int = flag(7860, "port to listen on (0 = pick a free one)", _port)
+    host: str = flag("127.0.0.1", "address to listen on (0.0.0.0 to serve the network)",
+                     also_env=("GRADIO_SERVER_NAME",))
+    port: int = flag(7860, "port to listen on (0 = pick a free one)", _port, also_env=("GRADIO_SERVER_PORT",))
     model: str | None = flag(None, "model selected at start (default: the embedded default when offered)", _known_model)
     models: tuple[str, ...] | None = flag(None, "comma-separated model ids offered to users "
                                                 "(default: the tiny models plus real ones present locally)", _model_list)
@@ -173,6 +178,11 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+def env_names(field_name: str) -> tuple[str, ...]:
+    """Every environment variable of a flag, in the order they are read."""
+    return (env_name(field_name), *next(f.metadata["also_env"] for f in fields(AppConfig) if f.name == field_name))
+
+
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # noqa: D401 - argparse hook
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -196,11 +206,11 @@ def _parser() -> argparse.ArgumentParser:
                             "environment twin, shown in brackets; the command line wins.")
     for name, option, default, parse, description in _flags():
         if parse is None:
-            parser.add_argument(option, action="store_true", help=f"{description} [{env_name(name)}]")
+            parser.add_argument(option, action="store_true", help=f"{description} [{', '.join(env_names(name))}]")
         else:
             shown = "" if default is None else f"; default {default}"
             parser.add_argument(option, type=_named(parse, option), default=None,
-                                help=f"{description} [{env_name(name)}{shown}]")
+                                help=f"{description} [{', '.join(env_names(name))}{shown}]")
     return parser
 
 
@@ -221,7 +231,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
     args = vars(_parser().parse_args(argv))
     values: dict[str, Any] = {}
     for name, option, default, parse, _ in _flags():
-        env = env_name(name)
+        env = next((candidate for candidate in env_names(name) if environ.get(candidate, "") != ""), env_name(name))
         if args[name] is not None and args[name] is not False:
             values[name] = args[name]
         elif environ.get(env, "") != "":

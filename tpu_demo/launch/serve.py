@@ -25,7 +25,8 @@ from tpu_demo.core.request import RequestLimits
 from tpu_demo.web.shutdown import stop_on_sigterm
 from tpu_demo.web.supervision import RequestSupervisor, SupervisionSettings
 from tpu_demo.web.handlers import PageHandlers, UiSettings
-from tpu_demo.web.page import GENERATE_API, build_page, launch_kwargs
+from tpu_demo.web.history import SessionHistory
+from tpu_demo.web.page import GENERATE_API, GUARDED_APIS, build_page, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
 
@@ -40,6 +41,8 @@ class App:
     ui: PageHandlers
     demo: gr.Blocks
     readiness: ReadinessCheck
+    #: each browser session's earlier results (files freed when its tab closes)
+    history: SessionHistory | None = None
 
 
 def offered_models(config: AppConfig) -> tuple[str, ...]:
@@ -102,17 +105,18 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
                                                        log_prompts=config.log_prompts))
     ui = PageHandlers(engine, settings, supervisor)
-    demo = build_page(ui)
+    history = SessionHistory()
+    demo = build_page(ui, history)
     # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too.
-    # api_open=False closes POST /run/generate and /api/generate, which would call the handler
-    # beside the queue (no concurrency limit, no admission): Generate is reached through the queue only.
+    # api_open=False closes POST /run/<api> and /api/<api> of queued events, which would call the handler
+    # beside the queue (no concurrency limit, no admission): generations are reached through the queue only.
     demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
     readiness = ReadinessCheck(engine, first, config.start_mode, warmup=not config.no_warmup,
                                draining=lambda: supervisor.shutting_down)
-    return App(config, engine, ui, demo, readiness)
+    return App(config, engine, ui, demo, readiness, history)
 
 
 def launch(app: App, **kwargs) -> None:
@@ -131,22 +135,23 @@ def hardening_app_kwargs(app: App) -> dict:
         "routes": health_routes(app.engine, lambda: waiting_requests(app),
                                 app.ui.supervisor.active,
                                 app.readiness),
-        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_name=GENERATE_API,
-                                  current_events=lambda: generate_events(app),
-                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GENERATE_API),
+        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_names=GUARDED_APIS,
+                                  current_events=lambda: guarded_events(app),
+                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
                                       app.demo, fn_index, api_name))],
     }
 
 
-def generate_events(app: App) -> list[gradio_queue.QueuedEvent]:
-    """The queue's generations, ``running`` once on the device (a running handler may wait for it)."""
-    return app.ui.device_view(gradio_queue.pending_events(app.demo, GENERATE_API))
+def guarded_events(app: App) -> list[gradio_queue.QueuedEvent]:
+    """The queue's generations and comparisons; a generation is ``running`` once on the device
+    (several generate handlers run at once, and a running one may still wait for the device)."""
+    return app.ui.device_view(gradio_queue.pending_events(app.demo, GUARDED_APIS), GENERATE_API)
 
 
 def waiting_requests(app: App) -> int:
     """Generations not yet on the device: in Gradio's queue or in a handler still waiting for the device."""
-    return sum(1 for event in generate_events(app) if not event.running)
+    return sum(1 for event in guarded_events(app) if not event.running)
 
 
 def serve(config: AppConfig) -> None:

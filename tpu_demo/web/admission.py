@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Collection, Iterable
 
 from tpu_demo.web.gradio_queue import EventInputs, QueuedEvent
 
@@ -148,13 +148,14 @@ class AdmissionMiddleware:
     queued yet count too, so two joins that arrive together cannot both slip past.
     """
 
-    def __init__(self, app: Callable, limits: AdmissionLimits, api_name: str,
+    def __init__(self, app: Callable, limits: AdmissionLimits, api_names: str | Collection[str],
                  current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]],
                  event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None,
                  device_waiting: Callable[[], int] = lambda: 0):
         self.app = app
         self.limits = limits
-        self.api_name = api_name
+        #: every generation endpoint (generate, compare_modes): they share the device and one client's share
+        self.api_names = frozenset({api_names} if isinstance(api_names, str) else api_names)
         self.current_events = current_events
         self.fn_ids = fn_ids
         self.event_inputs = event_inputs
@@ -172,14 +173,14 @@ class AdmissionMiddleware:
             return
         refusal = self._arity(scope, body)
         if refusal is not None:
-            if self._limited(scope, body, more):
+            if self._limited(scope, body):
                 log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
             await _json_response(send, 422, {"detail": refusal})
             return
-        if not _is_join(scope) or not self._limited(scope, body, more):
-            await self.app(scope, _replay(body, more, receive), send)
+        if not self._limited(scope, body):
+            await self.app(scope, _replay(body, False, receive), send)
             return
-        session_hash = _json_field(body, "session_hash") if not more else None
+        session_hash = _json_field(body, "session_hash")
         client_host = (scope.get("client") or (None, None))[0]
         reason = self._busy(session_hash, client_host)
         for _ in range(int(_RECHECK_SECONDS / 0.05)):
@@ -194,10 +195,9 @@ class AdmissionMiddleware:
         joining = QueuedEvent(session_hash=session_hash or "", client_host=client_host, running=False)
         self._joining.append(joining)
         try:
-            await self.app(scope, _replay(body, more, receive), send)
+            await self.app(scope, _replay(body, False, receive), send)
         finally:
             self._joining.remove(joining)
-
 
     def _arity(self, scope: Scope, body: bytes) -> str | None:
         """A call whose ``data`` does not fit the handler it names; Gradio would answer it with no
@@ -218,13 +218,14 @@ class AdmissionMiddleware:
         inputs = self.event_inputs(payload.get("fn_index"), None if path.endswith("/queue/join") else api_name)
         return arity_error(inputs, payload["data"]) if inputs else None
 
-    def _limited(self, scope: Scope, body: bytes, more: bool) -> bool:
+    def _limited(self, scope: Scope, body: bytes) -> bool:
+        """Whether this call joins the queue for the limited endpoint (Generate)."""
         path = scope.get("path", "")
         if not _is_join(scope):
             return False
         if "/gradio_api/call/" in path:
-            return path.rstrip("/").rsplit("/", 1)[-1] == self.api_name
-        fn_index = _json_field(body, "fn_index") if not more else None
+            return path.rstrip("/").rsplit("/", 1)[-1] in self.api_names
+        fn_index = _json_field(body, "fn_index")
         # only a join that names another handler passes unchecked; unreadable ones count, to be safe
         return not isinstance(fn_index, int) or fn_index in self.fn_ids()
 

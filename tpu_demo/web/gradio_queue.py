@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import gradio as gr
 
@@ -27,15 +27,21 @@ class QueuedEvent:
     running: bool
     #: Gradio's id of the event (``CurrentEvent.event_id`` inside its handler)
     event_id: str | None = None
+    api_name: str | None = None
 
 
 def _queue(blocks: gr.Blocks | None) -> Any:
     return getattr(blocks, "_queue", None)
 
 
-def fn_ids(blocks: gr.Blocks, api_name: str) -> set[int]:
-    """The ids (``fn_index`` in queue joins) of the event handlers behind ``api_name``."""
-    return {fn_id for fn_id, fn in blocks.fns.items() if getattr(fn, "api_name", None) == api_name}
+def _names(api_names: str | Collection[str]) -> frozenset[str]:
+    return frozenset({api_names} if isinstance(api_names, str) else api_names)
+
+
+def fn_ids(blocks: gr.Blocks, api_names: str | Collection[str]) -> set[int]:
+    """The ids (``fn_index`` in queue joins) of the event handlers behind ``api_names``."""
+    names = _names(api_names)
+    return {fn_id for fn_id, fn in blocks.fns.items() if getattr(fn, "api_name", None) in names}
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,9 @@ def event_inputs(blocks: gr.Blocks, fn_index: Any = None, api_name: str | None =
                        sum(1 for block in inputs if getattr(block, "skip_api", False)))
 
 
-def pending_events(blocks: gr.Blocks, api_name: str) -> Iterator[QueuedEvent]:
-    """Every ``api_name`` event waiting in the queue or running, with its session and client address."""
+def pending_events(blocks: gr.Blocks, api_names: str | Collection[str]) -> Iterator[QueuedEvent]:
+    """Every event of ``api_names`` waiting in the queue or running, with its session and client address."""
+    names = _names(api_names)
     queue = _queue(blocks)
     if queue is None:
         return
@@ -81,13 +88,13 @@ def pending_events(blocks: gr.Blocks, api_name: str) -> Iterator[QueuedEvent]:
     except AttributeError:
         return
     for event, is_running in [(e, False) for e in waiting] + [(e, True) for e in running]:
-        if getattr(getattr(event, "fn", None), "api_name", api_name) != api_name:
+        if getattr(getattr(event, "fn", None), "api_name", None) not in names:
             continue
         request = getattr(event, "request", None)
         client = getattr(request, "client", None)
         yield QueuedEvent(session_hash=str(getattr(event, "session_hash", "")),
                           client_host=getattr(client, "host", None), running=is_running,
-                          event_id=getattr(event, "_id", None))
+                          event_id=getattr(event, "_id", None), api_name=getattr(getattr(event, "fn", None), "api_name", None))
 
 
 def queue_length(blocks: gr.Blocks) -> int:

@@ -126,7 +126,7 @@ class PageHandlers:
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
-                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True,
+                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
                  request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
         """Stream the gallery: one update per finished image, plus live previews while denoising."""
         queued = CurrentEvent.capture()
@@ -134,7 +134,7 @@ class PageHandlers:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                num_images=num_images, previews=previews), self.settings.limits)
+                num_images=num_images, previews=previews, negative_prompt=negative_prompt), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise _user_error(str(error), "Invalid input") from None
@@ -181,8 +181,8 @@ class PageHandlers:
             self._drop_stop(request, stop)
             files.remove()
 
-    def device_view(self, events: Iterable[QueuedEvent]) -> list[QueuedEvent]:
-        """The queue's generate events with ``running`` meaning "reached the device".
+    def device_view(self, events: Iterable[QueuedEvent], api_name: str) -> list[QueuedEvent]:
+        """The queue's events, those of the generate endpoint ``api_name`` ``running`` only once on the device.
 
         Several generate handlers run at once and a running one may still wait for the device; the
         queue bound counts it as waiting, as before handlers overlapped. An event counts as on the
@@ -191,7 +191,8 @@ class PageHandlers:
         events = list(events)
         with self._reached_lock:
             self._reached &= {e.event_id for e in events if e.running and e.event_id}  # forget events that ended
-            return [replace(e, running=e.running and e.event_id in self._reached) for e in events]
+            return [replace(e, running=e.running and e.event_id in self._reached) if e.api_name == api_name else e
+                    for e in events]
 
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
@@ -244,22 +245,24 @@ class PageHandlers:
             raise _user_error(f"image: {error}", "Invalid input") from None
         if settings is None:
             gr.Warning("This image carries no settings from this app.")
-            return (gr.skip(),) * 10
+            return (gr.skip(),) * 11
         try:
             checked = validate_request({"mode": mode.value, **settings}, self.settings.limits)
         except RequestError as error:
             gr.Warning(f"The image's settings are not served here ({error}).")
-            return (gr.skip(),) * 10
+            return (gr.skip(),) * 11
         spec = self.engine.spec(checked.model)
         restored = self._model_controls(spec, checked.resolution, checked.num_inference_steps,
                                         checked.guidance_scale, checked.mode.value)
         gr.Info("Settings restored from the image.")
-        return (checked.prompt, checked.model, checked.mode.value, *restored[:3], checked.seed, False, *restored[3:])
+        negative = gr.update(value=checked.negative_prompt, visible=spec.negative_prompt)
+        return (checked.prompt, checked.model, checked.mode.value, *restored[:3], checked.seed, False,
+                *restored[3:], negative)
 
     def restore_from_gallery(self, gallery: Any, selected: Any, mode: Any):
         if not isinstance(gallery, list) or not isinstance(selected, int) or not 0 <= selected < len(gallery):
             gr.Warning("Select an image in the gallery first.")
-            return (gr.skip(),) * 10
+            return (gr.skip(),) * 11
         item = gallery[selected]
         path = item[0] if isinstance(item, (list, tuple)) and item else item
         return self.restore_settings(path, mode)

@@ -8,29 +8,41 @@ import gradio as gr
 
 from tpu_demo.core.catalog import ASSETS_DIR
 from tpu_demo.core.request import MAX_SEED
+from tpu_demo.web import chart
+from tpu_demo.web.about import about_markdown
+from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_prompts
+from tpu_demo.web.history import SessionHistory, history_gallery
 
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
 DEVICE_CONCURRENCY_ID = "device"
+#: one comparison at a time (it runs the request in every mode), beside the generate handlers
+COMPARE_CONCURRENCY_ID = "compare"
 #: the public endpoint (gradio_client: api_name="/generate")
 GENERATE_API = "generate"
+#: every endpoint that runs the device: admission limits apply to them together
+GUARDED_APIS = (GENERATE_API, COMPARE_API)
 
 
-def build_page(handlers: PageHandlers) -> gr.Blocks:
+def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
+    history = history or SessionHistory()
+    comparer = CompareHandler(handlers)
     settings = handlers.settings
     spec = handlers.engine.spec(settings.start_model)
     modes = [(m.title, m.value) for m in settings.limits.offered_modes]
     # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
     with gr.Blocks(title="TPU Diffusion Demo", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         header = gr.HTML(handlers.header_html(spec.id), elem_id="demo-header")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=2, min_width=300):
+        with gr.Row(equal_height=False, elem_id="main-row"):
+            with gr.Column(scale=2, min_width=300, elem_id="controls-column"):
                 prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
                                     placeholder="Describe the image, then press Enter",
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
-                with gr.Row():
+                with gr.Row(elem_id="actions"):
                     generate_button = gr.Button("Generate", variant="primary", scale=3, elem_id="generate")
-                    stop_button = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+                    compare_button = gr.Button("Compare modes", variant="secondary", scale=2, min_width=120,
+                                               elem_id="compare")
+                    stop_button = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
                 model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
                                     value=spec.id, elem_id="model")
                 mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
@@ -38,6 +50,10 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
                 resolution = gr.Dropdown(label="Resolution", choices=handlers.resolution_choices(spec),
                                          value=str(spec.buckets[0]), elem_id="resolution")
                 with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+                    negative_prompt = gr.Textbox("", label="Negative prompt", lines=1, max_lines=3,
+                                                 placeholder="What the image should not show",
+                                                 max_length=settings.limits.max_prompt_chars,
+                                                 visible=spec.negative_prompt, elem_id="negative-prompt")
                     steps = gr.Slider(label="Steps (num_inference_steps)", minimum=spec.min_steps,
                                       maximum=spec.max_steps, step=1, value=spec.default_steps, elem_id="steps")
                     low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
@@ -50,9 +66,19 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
                                            step=1, value=min(2, settings.limits.max_images), elem_id="num-images")
                     previews = gr.Checkbox(label="Live previews while denoising", value=True)
                 details = gr.Markdown(handlers.details_markdown(spec.id, settings.start_mode.value), elem_id="run-details")
-            with gr.Column(scale=3, min_width=300):
+            with gr.Column(scale=3, min_width=300, elem_id="results-column"):
                 gallery = gr.Gallery(label="Images", format="png", type="filepath", columns=2, height="auto",
-                                     object_fit="contain", show_label=False, elem_id="gallery")
+                                     object_fit="contain", show_label=False, interactive=False, elem_id="gallery")
+                with gr.Column(min_width=160, elem_id="comparison"):
+                    compare_gallery = gr.Gallery(label="Same prompt and seed in each execution mode", format="png",
+                                                 type="filepath", columns=3, height="auto", object_fit="contain",
+                                                 interactive=False, elem_id="compare-gallery")
+                    compare_summary = gr.HTML(EMPTY_SUMMARY, elem_id="compare-summary")
+                    with gr.Accordion("Comparison figures (JSON)", open=False):
+                        compare_figures = gr.JSON(label="figures", elem_id="compare-figures")
+                speed_plot = chart.speed_plot(handlers.engine.recent, spec.id)
+                chart_seen = gr.State(None)
+                history_view = history_gallery()
                 selected = gr.State(None)
                 with gr.Row():
                     reuse_button = gr.Button("Reuse settings of the selected image", size="sm")
@@ -66,9 +92,11 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
                                 elem_id="examples")
         with gr.Accordion("Buckets (static shapes) and warmup", open=True, elem_id="buckets"):
             status = gr.Markdown(handlers.bucket_table(spec.id, settings.start_mode.value), elem_id="bucket-status")
+        with gr.Accordion("About this server", open=False, elem_id="about") as about_panel:
+            about = gr.Markdown(about_markdown(handlers.engine.about()), elem_id="about-facts")
         timer = gr.Timer(settings.status_refresh_seconds)
 
-        inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews]
+        inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews, negative_prompt]
         generation = gr.on(
             triggers=[generate_button.click, prompt.submit], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
@@ -76,10 +104,29 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
             handlers.generate, inputs=inputs, outputs=[gallery], api_name=GENERATE_API, preprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
+        generation.success(history.add, [gallery], [history_view], api_visibility="private", queue=False)
+        comparison = compare_button.click(
+            handlers.arm_stop_and_pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
+            api_visibility="private",
+        ).then(
+            comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed],
+            outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
+            # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
+            # handler again; the engine's device thread still runs one pipeline call at a time
+            concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
+        )
+        comparison.success(history.add, [compare_gallery], [history_view], api_visibility="private", queue=False)
+        model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),
+                    [model], [negative_prompt], api_visibility="private", queue=False)
+        timer.tick(lambda model_id, seen: chart.refresh(handlers.engine.recent, model_id, seen), [model, chart_seen],
+                   [speed_plot, chart_seen], api_visibility="private", queue=False, show_progress="hidden")
+        about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], api_visibility="private",
+                           queue=False)
+        demo.unload(history.drop)
         stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
                     api_visibility="private", queue=False)
-        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details]
+        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt]
         gallery.select(handlers.remember_selection, None, [selected], api_visibility="private", queue=False)
         reuse_button.click(handlers.restore_from_gallery, [gallery, selected, mode], restored,
                            api_visibility="private", queue=False)
@@ -93,6 +140,9 @@ def build_page(handlers: PageHandlers) -> gr.Blocks:
 def launch_kwargs() -> dict[str, Any]:
     """Theme and CSS (Gradio 6 takes them in ``launch``); built-in theme fonts are local."""
     css_path = ASSETS_DIR / "style.css"
-    return {"theme": gr.themes.Soft(font=[gr.themes.Font("ui-sans-serif"), "system-ui", "sans-serif"],
-                                    font_mono=[gr.themes.Font("ui-monospace"), "monospace"]),
+    theme = gr.themes.Soft(font=[gr.themes.Font("ui-sans-serif"), "system-ui", "sans-serif"],
+                           font_mono=[gr.themes.Font("ui-monospace"), "monospace"])
+    # the Soft theme's labels (primary 500 on primary 100) read at 3.6:1; primary 700 passes WCAG AA
+    theme = theme.set(block_label_text_color="*primary_700", block_title_text_color="*primary_700")
+    return {"theme": theme,
             "css": css_path.read_text() if css_path.is_file() else None}

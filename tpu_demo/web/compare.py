@@ -1,0 +1,131 @@
+"""Compare modes: one click runs the prompt in all three execution modes and shows them side by side.
+
+The visitor needs no mode names: each image says in plain words what ran, how long its
+denoising took warm, how many times faster than one-op-at-a-time (strict eager) it was, and how
+far its pixels are from strict eager's. The figures come from the engine (engine/compare.py);
+this module validates the inputs, supervises the run like Generate, and renders the result.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Iterator
+
+import gradio as gr
+
+from tpu_demo.core.comparison import ComparePhase, Comparison, ModeRun
+from tpu_demo.core.events import ImageResult, Stopped
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.request import RequestError, validate_request
+from tpu_demo.web.gradio_queue import CurrentEvent
+from tpu_demo.web.handlers import _RequestFiles, _user_error
+from tpu_demo.web.supervision import StopReason
+
+if TYPE_CHECKING:
+    from tpu_demo.web.handlers import PageHandlers
+
+#: the public endpoint (gradio_client: api_name="/compare_modes")
+COMPARE_API = "compare_modes"
+
+#: what each mode is, for visitors who do not know the names
+PLAIN_WORDS = {
+    ExecutionMode.EAGER.value: "one operation at a time",
+    ExecutionMode.EAGER_FUSED.value: "operations queued and fused",
+    ExecutionMode.COMPILED.value: "one compiled graph per shape",
+}
+
+EMPTY_SUMMARY = ("<p class='compare-empty'>Compare runs your prompt with the same seed in all three ways to run "
+                 "diffusers on a TPU and shows how much faster each is.</p>")
+
+
+def caption(run: ModeRun) -> str:
+    title = ExecutionMode(run.mode).title
+    return (f"{title} ({PLAIN_WORDS[run.mode]}) \u00b7 {run.denoise_seconds:.2f} s \u00b7 "
+            f"{run.speedup:.2f}\u00d7 \u00b7 max pixel diff {run.max_pixel_difference}")
+
+
+def _what_ran(run: ModeRun) -> str:
+    """"plain eager on cpu" from "strict eager (plain eager on cpu)"."""
+    return run.description.partition("(")[2].rstrip(")") or run.description
+
+
+def summary_html(comparison: Comparison) -> str:
+    """The figures next to the images, with the notes a reader needs in words (no tooltips)."""
+    rows = []
+    for run in comparison.runs:
+        bucket = "warm" if run.warm_before else f"cold: warmed first in {run.warmup_seconds or 0:.2f} s"
+        if not run.warm_before and run.graphs_compiled:
+            bucket += f" ({run.graphs_compiled} graph{'s' if run.graphs_compiled != 1 else ''} compiled)"
+        rows.append(
+            f"<tr><th scope='row'>{html.escape(ExecutionMode(run.mode).title)}<span class='compare-what'>"
+            f"{html.escape(PLAIN_WORDS[run.mode])}; here: {html.escape(_what_ran(run))}</span></th>"
+            f"<td>{run.denoise_seconds:.3f}</td><td>{run.steps_per_second:.1f}</td>"
+            f"<td class='compare-speedup'>{run.speedup:.2f}\u00d7</td><td>{html.escape(bucket)}</td>"
+            f"<td>{run.max_pixel_difference}</td></tr>")
+    notes = ["<strong>Warm against warm:</strong> every mode's bucket was warmed before timing, so compile "
+             "time is not in the seconds above; a cold bucket's warmup is shown on its own. Each mode ran "
+             f"{comparison.timed_rounds} times, interleaved with the others; its fastest run is shown."]
+    for group in comparison.same_code:
+        titles = " and ".join(ExecutionMode(mode).title for mode in group)
+        notes.append(f"<strong>Same code here:</strong> on this device {titles} run identical code (plain "
+                     "eager; operation fusion is torch-tpu's), so their difference is measurement noise.")
+    return ("<div class='compare-summary'><table><thead><tr><th scope='col'>mode</th><th scope='col'>denoise s"
+            "</th><th scope='col'>steps/s</th><th scope='col'>speedup vs strict eager</th><th scope='col'>bucket "
+            "before</th><th scope='col'>max pixel diff</th></tr></thead><tbody>" + "".join(rows) +
+            "</tbody></table>" + "".join(f"<p class='compare-note'>{note}</p>" for note in notes) + "</div>")
+
+
+class CompareHandler:
+    """The Compare button and ``/compare_modes``: shares the page's Stop flags and request supervision."""
+
+    def __init__(self, page: "PageHandlers"):
+        self.page = page
+
+    def compare_modes(self, prompt: Any, negative_prompt: Any, model: Any, resolution: Any, num_inference_steps: Any,
+                      guidance_scale: Any, seed: Any, request: gr.Request = None,
+                      progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str, dict | None]]:
+        """Stream (images so far, summary HTML, figures as JSON); the last update holds all three modes."""
+        queued = CurrentEvent.capture()
+        try:
+            generation = validate_request(dict(
+                prompt=prompt, negative_prompt=negative_prompt, model=model, mode=ExecutionMode.EAGER.value,
+                resolution=resolution, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                seed=seed, num_images=1, previews=False), self.page.settings.limits)
+        except RequestError as error:
+            self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
+            raise _user_error(str(error), "Invalid input") from None
+        stop = self.page._armed_stop(request)
+        run = self.page.supervisor.begin(replace(generation, num_images=len(PLAIN_WORDS)), stop, queued.event_id,
+                                         queued.queue_wait_seconds, queued.connected)
+        files = _RequestFiles()
+        gallery: list[tuple[str, str]] = []
+        progress(0, desc="waiting for the device")
+        try:
+            for event in self.page.engine.compare_modes(generation, stop):
+                run.observe(event)
+                if isinstance(event, ComparePhase):
+                    progress(len(gallery) / len(PLAIN_WORDS), desc=event.text)
+                elif isinstance(event, ImageResult):
+                    title = ExecutionMode(event.parameters["mode"]).title
+                    gallery.append((files.save(event.image, event.parameters["mode"]), f"{title} (timing others...)"))
+                    yield list(gallery), gr.skip(), gr.skip()
+                elif isinstance(event, Stopped):
+                    run.stopped(event)
+                    if run.stop_reason in (StopReason.TIMEOUT, StopReason.SHUTDOWN):
+                        raise _user_error(run.stop_message(event, len(PLAIN_WORDS)), "Stopped")
+                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {len(PLAIN_WORDS)} modes finished.")
+                    yield list(gallery), EMPTY_SUMMARY, None
+                    return
+                elif isinstance(event, Comparison):
+                    final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
+                    yield final, summary_html(event), event.as_dict()
+        except gr.Error:
+            raise
+        except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
+            run.failed(str(error))
+            raise _user_error(str(error), "Comparison failed") from None
+        finally:
+            run.close()
+            self.page._drop_stop(request, stop)
+            files.remove()

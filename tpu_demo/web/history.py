@@ -1,0 +1,99 @@
+"""Per-session history: this visit's earlier results under the gallery, newest first.
+
+Each browser session gets its own folder of copied PNGs (the generate and compare galleries
+live in Gradio's cache, which is shared and cleaned by age). Bounded three ways: images per
+session, megabytes per session, and sessions kept (the oldest is dropped first). A session's
+folder is freed when its tab closes (``Blocks.unload``) and everything when the server stops.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+
+@dataclass
+class _Session:
+    directory: Path
+    #: (path, caption), newest first
+    items: list[tuple[str, str]] = field(default_factory=list)
+    count: int = 0
+
+
+class SessionHistory:
+    """Thread-safe store of every live session's history files."""
+
+    def __init__(self, max_images: int = 24, max_mb: float = 16.0, max_sessions: int = 200):
+        self.max_images, self.max_bytes, self.max_sessions = max_images, int(max_mb * 1e6), max_sessions
+        self.root = Path(tempfile.mkdtemp(prefix="tpu-demo-history-"))
+        weakref.finalize(self, shutil.rmtree, str(self.root), True)  # at exit at the latest
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, gallery: list | None, request: gr.Request = None) -> list[tuple[str, str]]:
+        """Copy the finished images of ``gallery`` (previews skipped) in front of this session's history."""
+        key = getattr(request, "session_hash", None) or "anonymous"
+        with self._lock:
+            session = self._session(key)
+            for item in gallery or []:
+                path, caption = (item[0], item[1] or "") if isinstance(item, (list, tuple)) else (item, "")
+                if not path or caption.startswith("preview") or not Path(path).is_file():
+                    continue
+                session.count += 1
+                copy = session.directory / f"{session.count:05d}.png"
+                shutil.copyfile(path, copy)
+                session.items.insert(0, (str(copy), caption))
+            self._trim(session)
+            return list(session.items)
+
+    def drop(self, request: gr.Request = None) -> None:
+        """The session ended: free its files."""
+        key = getattr(request, "session_hash", None) or "anonymous"
+        with self._lock:
+            session = self._sessions.pop(key, None)
+        if session is not None:
+            shutil.rmtree(session.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def _session(self, key: str) -> _Session:
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return self._sessions[key]
+        while len(self._sessions) >= self.max_sessions:
+            _, oldest = self._sessions.popitem(last=False)
+            shutil.rmtree(oldest.directory, ignore_errors=True)
+        directory = self.root / f"s{len(self._sessions)}-{abs(hash(key)) % 10**12}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self._sessions[key] = session = _Session(directory)
+        return session
+
+    def _trim(self, session: _Session) -> None:
+        size = 0
+        for index, (path, _) in enumerate(session.items):
+            size += Path(path).stat().st_size
+            if index >= self.max_images or size > self.max_bytes:
+                for old, _ in session.items[index:]:
+                    Path(old).unlink(missing_ok=True)
+                del session.items[index:]
+                return
+
+
+def history_gallery() -> Any:
+    return gr.Gallery(label="Earlier in this visit (newest first)", format="png", type="filepath", columns=6,
+                      height="auto", object_fit="contain", interactive=False, elem_id="history", value=[])
