@@ -95,7 +95,7 @@ class CompareHandler:
         except RequestError as error:
             self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise _user_error(str(error), "Invalid input") from None
-        stop = self.page._armed_stop(request)
+        stop = self.page.armed_stop(request)
         run = self.page.supervisor.begin(replace(generation, num_images=len(PLAIN_WORDS)), stop, queued.event_id,
                                          queued.queue_wait_seconds, queued.connected)
         files = _RequestFiles()
@@ -127,5 +127,5 @@ class CompareHandler:
             raise _user_error(str(error), "Comparison failed") from None
         finally:
             run.close()
-            self.page._drop_stop(request, stop)
+            self.page.release_stop(request, stop)
             files.remove()

@@ -135,7 +135,7 @@ class PageHandlers:
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise _user_error(str(error), "Invalid input") from None
-        stop = self._armed_stop(request)
+        stop = self.armed_stop(request)
         run = self.supervisor.begin(generation, stop, queued.event_id, queued.queue_wait_seconds, queued.connected)
         files = _RequestFiles()
         gallery: list[tuple[str, str]] = []
@@ -170,7 +170,7 @@ class PageHandlers:
             raise _user_error(str(error), "Generation failed") from None
         finally:
             run.close()
-            self._drop_stop(request, stop)
+            self.release_stop(request, stop)
             files.remove()
 
     def stop(self, request: gr.Request = None) -> None:
@@ -319,14 +319,14 @@ class PageHandlers:
                     del self._stops[next(iter(self._stops))]  # the oldest armed flag
         return event
 
-    def _armed_stop(self, request: gr.Request | None) -> threading.Event:
+    def armed_stop(self, request: gr.Request | None) -> threading.Event:
         """The flag armed at the click (API calls have none: they get a fresh one)."""
         session = self._session(request)
         with self._stops_lock:
             event = self._stops.get(session) if session is not None else None
         return event if event is not None else self._new_stop(request)
 
-    def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
+    def release_stop(self, request: gr.Request | None, event: threading.Event) -> None:
         session = self._session(request)
         with self._stops_lock:
             if session is not None and self._stops.get(session) is event:
