@@ -243,10 +243,10 @@ class Engine:
         call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed)
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
-                prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
+                height=bucket.height, width=bucket.width, num_inference_steps=steps,
                 generator=torch.Generator("cpu").manual_seed(seed),
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.spec.pipeline_kwargs(guidance))
+                **loaded.call_inputs(prompt, guidance))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
