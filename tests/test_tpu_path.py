@@ -234,3 +234,18 @@ def test_compile_cache_variable_is_set_before_torch_and_torch_tpu_are_imported(t
     _, module, root = line[0].split(" ", 2)
     assert module == "torch"
     assert root == str((tmp_path / "compile" / "torch-tpu").resolve())
+
+
+# ---- the resident placement on a TPU: denoiser on the chip, text encoders on the host -------
+
+def test_resident_on_tpu_moves_only_the_denoising_pipeline_and_compiles_the_full_transformer(tpu, tpu_engine):
+    from tpu_demo.core.catalog import Placement
+
+    engine = tpu_engine(placement_override=Placement.RESIDENT)
+    engine_images(engine, model="tiny-flux", mode="compiled")
+    [moved] = tpu.named("pipeline.to")
+    assert moved.args == ("tpu",)
+    pipeline = engine.pool.get("tiny-flux").pipeline
+    assert pipeline.text_encoder is None and pipeline.text_encoder_2 is None  # they stayed on the host
+    assert compiles(tpu) == [("FluxTransformer2DModel", {"backend": "tpu", "fullgraph": True, "dynamic": False})]
+    assert tpu.named("enable_model_cpu_offload") == []
