@@ -69,11 +69,14 @@ def _nearest(pixels: np.ndarray, table: np.ndarray) -> np.ndarray:
 #: Geometry thresholds, set on the tuning set (see the module docstring).
 ASPECT_RANGE = (0.75, 1.33)
 MIN_IOU = 0.72
-#: a circle must follow its curve closely (a hexagon is 0.11-0.2 off, a diamond more); squares and
+#: share of a corner patch that counts as filled (a generated square's corners are slightly rounded)
+CORNER_FILLED = 0.4
+#: a circle must follow its curve closely (a drawn hexagon is 0.17-0.23 off; blurred by a pixel it
+#: comes within 0.13-0.15, as close as generated circles are, and then reads as a circle); squares and
 #: triangles are pinned down by their corners (and a triangle by its growth) instead, since a blurred
 #: edge rounds their sharp corners off
-MAX_CIRCLE_PROFILE_ERROR = 0.1
-MIN_TRIANGLE_GROWTH = 0.85
+MAX_CIRCLE_PROFILE_ERROR = 0.165
+MIN_TRIANGLE_GROWTH = 0.75
 #: (top left, top right, bottom left, bottom right) corner filled, per shape.
 CORNERS = {"square": (True, True, True, True), "circle": (False, False, False, False),
            "triangle": (False, False, True, True)}
@@ -97,7 +100,7 @@ def _corners(box: np.ndarray) -> tuple[bool, ...]:
     """Is each corner patch of the box (a fifth of its side) mostly filled?"""
     k = max(1, round(min(box.shape) / 5))
     patches = (box[:k, :k], box[:k, -k:], box[-k:, :k], box[-k:, -k:])
-    return tuple(bool(p.mean() >= 0.5) for p in patches)
+    return tuple(bool(p.mean() >= CORNER_FILLED) for p in patches)
 
 
 def profile_error(box: np.ndarray, template: np.ndarray) -> float:
