@@ -40,7 +40,9 @@ def choose_placement(spec: ModelSpec, device: DeviceInfo, override: Placement | 
     if device.kind == "cpu":  # host memory is the only memory: offloading to it changes nothing
         return Placement.WHOLE if Placement.WHOLE in spec.placements else spec.placements[0]
     chip_gb = (device.memory_bytes_per_device or 0) / 1e9
-    planned = plan_placement(spec, chip_gb) if spec.component_gb and chip_gb > 0 else None
+    if not spec.component_gb or chip_gb <= 0:  # sizes unknown (tiny stand-ins): the catalog's first choice
+        return spec.placements[0]
+    planned = plan_placement(spec, chip_gb)
     if planned is not None:
         return planned
     return Placement.TENSOR_PARALLEL if Placement.TENSOR_PARALLEL in spec.placements else spec.placements[0]
