@@ -1,9 +1,9 @@
 """Real resolutions and real token counts on CPU: the real architectures at reduced depth.
 
 Every transformer and text-encoder width, head count and text length is the published one
-(tests/helpers/reduced_models.py); only the number of repeated blocks is 1, and in CI the VAE is
-narrowed (same latent channels and scale factor) because its 1024x1024 decode alone takes ten
-minutes here. Each model runs through the real engine in every
+(tests/helpers/reduced_models.py); only the number of repeated blocks is 1, and the VAE is narrowed
+(same latent channels and scale factor; ``TPU_DEMO_REAL_VAE=1`` keeps the real one) because its
+1024x1024 decode alone takes ten minutes here. Each model runs through the real engine in every
 placement it supports, compiled (full compile when whole or resident, ``compile_repeated_blocks``
 under offload, both buckets warmed first), with previews on, at its largest bucket (1024x1024:
 4096 image tokens) and a non-square one (1344x768: 4032): the image has the bucket's size,
@@ -51,8 +51,8 @@ def reduced_catalog(monkeypatch):
 
     def register(model_id: str):
         spec = reduced_spec(model_id)
-        # CI narrows the VAE (see reduced_models.NARROW_VAE); the slow runs build the real one
-        narrow = not RUN_SLOW
+        # the VAE is narrowed (see reduced_models.NARROW_VAE) unless TPU_DEMO_REAL_VAE=1
+        narrow = os.environ.get("TPU_DEMO_REAL_VAE") != "1"
         monkeypatch.setitem(tiny_models.BUILDERS, reduced_id(model_id),
                             lambda: build_reduced_pipeline(model_id, narrow_vae=narrow))
         monkeypatch.setattr(catalog, "CATALOG", MappingProxyType({**catalog.CATALOG, spec.id: spec}))

@@ -37,7 +37,7 @@ def reduced_spec(model_id: str, depth: int = 1) -> ModelSpec:
 
 #: The VAE narrowed for CI: same latent channels and 8x scale factor, 32 channels per level instead of
 #: 128-512. Its decode at 1024x1024 is a fixed ~4 TFLOP conv stack that says nothing about buckets or
-#: tokens and takes ten minutes on two shared cores; the slow runs keep the real one.
+#: tokens and takes ten minutes on two shared cores (TPU_DEMO_REAL_VAE=1 keeps the real one).
 NARROW_VAE = dict(block_out_channels=(32, 32, 32, 32), layers_per_block=1)
 
 

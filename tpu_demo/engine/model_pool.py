@@ -107,7 +107,9 @@ class ModelPool:
             if placement is not Placement.TENSOR_PARALLEL:
                 prompt_encoder = apply_placement(pipeline, placement, self.device, spec)
         apply_decode_guard(pipeline, self.decode_guard)
-        weight_bytes = parameter_bytes(pipeline) + (parameter_bytes(prompt_encoder.encoder_pipeline) if prompt_encoder else 0)
+        weight_bytes = parameter_bytes(pipeline)
+        if prompt_encoder is not None:  # resident: the host-side text encoders count too
+            weight_bytes += parameter_bytes(prompt_encoder.encoder_pipeline)
         loaded = LoadedModel(spec, pipeline, placement, weight_bytes, last_used=time.monotonic(),
                              prompt_encoder=prompt_encoder)
         self._models[spec.id] = loaded

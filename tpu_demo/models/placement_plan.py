@@ -116,7 +116,8 @@ def transfer_table(specs: list[ModelSpec]) -> str:
                 moved = f"{embedding_mb(spec):.1f} MB of prompt embeddings (a cached prompt skips the encoders)"
             else:
                 moved = "0"
-            fits = ["yes" if per_chip_gb(spec, placement) <= gb * MEMORY_HEADROOM else "no" for gb in TPU_CHIPS.values()]
+            fits = ["yes" if per_chip_gb(spec, placement) <= gb * MEMORY_HEADROOM else "no"
+                    for gb in TPU_CHIPS.values()]
             lines.append(f"| {spec.id} | {placement.value} ({per_chip_gb(spec, placement):.1f} GB on the chip) | "
                          f"{moved} | " + " | ".join(fits) + " |")
     return "\n".join(lines)
