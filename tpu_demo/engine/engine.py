@@ -288,10 +288,10 @@ class Engine:
                             negative_prompt)
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
-                prompt=prompt, height=bucket.height, width=bucket.width, num_inference_steps=steps,
+                height=bucket.height, width=bucket.width, num_inference_steps=steps,
                 generator=torch.Generator("cpu").manual_seed(seed),
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.spec.pipeline_kwargs(guidance, negative_prompt))
+                **loaded.call_inputs(prompt, guidance, negative_prompt))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
