@@ -48,12 +48,14 @@ class PromptEncoder:
         kwargs = dict(self.spec.pipeline_kwargs(guidance, negative_prompt))
         negative = kwargs.pop("negative_prompt", None)
         uses_cfg = self.spec.cfg_doubles_batch and guidance > 1.0
-        embeddings = self._encode(prompt, negative, uses_cfg, kwargs.get("max_sequence_length"))
+        out_layers = kwargs.get("text_encoder_out_layers")  # FLUX.2: which hidden states make the embedding
+        embeddings = self._encode(prompt, negative, uses_cfg, kwargs.get("max_sequence_length"),
+                                  tuple(out_layers) if out_layers is not None else None)
         return {**kwargs, **{name: tensor.to(target_device) for name, tensor in embeddings.items()}}
 
     @torch.inference_mode()
-    def _encode_uncached(self, prompt: str, negative: str | None, uses_cfg: bool,
-                         max_sequence_length: int | None) -> Mapping[str, torch.Tensor]:
+    def _encode_uncached(self, prompt: str, negative: str | None, uses_cfg: bool, max_sequence_length: int | None,
+                         out_layers: tuple[int, ...] | None = None) -> Mapping[str, torch.Tensor]:
         encoder, host = self.encoder_pipeline, torch.device("cpu")
         length = {} if max_sequence_length is None else {"max_sequence_length": max_sequence_length}
         kind = self.spec.pipeline_class
@@ -74,7 +76,8 @@ class PromptEncoder:
                 out.update(negative_prompt_embeds=negative_embeds, negative_pooled_prompt_embeds=negative_pooled)
             return out
         if kind == "Flux2Pipeline":
-            embeds, _ = encoder.encode_prompt(prompt=prompt, device=host, **length)
+            layers = {} if out_layers is None else {"text_encoder_out_layers": out_layers}
+            embeds, _ = encoder.encode_prompt(prompt=prompt, device=host, **length, **layers)
             return {"prompt_embeds": embeds}
         raise ValueError(f"no prompt encoding known for {kind}")
 

@@ -31,6 +31,17 @@ def build_component(component: ComponentArchitecture, depth: int | None = None, 
                     dtype: torch.dtype | None = None) -> Any:
     """The component's real class from its configuration; ``depth`` reduces its repeated blocks."""
     config = component.config if depth is None else _with_depth(component.config, component.depth_keys, depth)
+    previous_dtype = torch.get_default_dtype()
+    if dtype is not None:  # create the weights in ``dtype``: no float32 copy of a multi-GB model
+        torch.set_default_dtype(dtype)
+    try:
+        module = _construct(component, config, device)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    return module.to(dtype) if dtype is not None else module
+
+
+def _construct(component: ComponentArchitecture, config: Mapping[str, object], device: str) -> Any:
     if component.library == "diffusers":
         import diffusers
 
@@ -43,7 +54,7 @@ def build_component(component: ComponentArchitecture, depth: int | None = None, 
             "EncoderModel", "Config").replace("ForConditionalGeneration", "Config"))
         with torch.device(device):
             module = getattr(transformers, component.class_name)(config_class(**config))
-    return module.to(dtype) if dtype is not None else module
+    return module
 
 
 def parameter_count(module: torch.nn.Module) -> int:
