@@ -416,7 +416,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     from tpu_demo.core.buckets import Bucket, parse_bucket_list
     from tpu_demo.core.catalog import get_spec
     from tpu_demo.launch.config import parse_config
-    from tpu_demo.device import detect_device
+    from tpu_demo.device import compile_backend_name, detect_device
     from tpu_demo.launch.serve import build_app, launch
 
     diffusers_logging.set_verbosity_error()  # the tiny tokenizers' truncation notes would flood the output
@@ -438,7 +438,9 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         flags += ["--device", args.device]
     results: dict[str, Any] = {
         "device": device.badge, "device_kind": device.kind, "model": args.model, "resolution": str(main_bucket),
-        "buckets": [str(b) for b in buckets], "steps": args.steps, "compile_backend": args.compile_backend,
+        "buckets": [str(b) for b in buckets], "steps": args.steps,
+        # the backend compiled mode really uses here: torch-tpu's "tpu" on TPU, else the flag's
+        "compile_backend": compile_backend_name(device, args.compile_backend),
         "threads": threads, "smoke": args.smoke, "torch": torch.__version__, "python": platform.python_version(),
         "commit": _git_commit(), "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "load_average_start": _load_average(), "command": "python -m benchmarks.run " + " ".join(sys.argv[1:]),

@@ -5,7 +5,9 @@
 
 Prints a markdown table of accuracies (background, object colour, position, shape, size) for the
 trained weights and for random weights of the same architecture (the chance baseline), over the
-110 held-out single-shape prompts (tpu_demo.shapes_dataset.held_out_prompts; never trained on).
+110 held-out single-shape prompts (tiny_shapes.dataset.held_out_prompts; never trained on), or
+with ``--set tuning`` over the judge's tuning set (tiny_shapes.dataset.tuning_prompts: triples
+seen in training, on which the judge's thresholds were set; no prompt in common with the test set).
 ``--grid`` saves a PNG of the generated images beside the prompts' ground truth renders.
 """
 
@@ -57,6 +59,8 @@ def save_grid(scenes, images, path: Path, columns: int = 10):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path("assets/models/tiny-shapes"))
+    p.add_argument("--set", dest="prompt_set", choices=["held-out", "tuning"], default="held-out",
+                   help="held-out test prompts (the reported figures) or the judge's tuning prompts")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out prompts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="num_inference_steps (default: demo_defaults.json)")
@@ -70,7 +74,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    scenes = shapes_dataset.held_out_prompts()[: args.limit]
+    prompts = shapes_dataset.held_out_prompts if args.prompt_set == "held-out" else shapes_dataset.tuning_prompts
+    scenes = prompts()[: args.limit]
     kwargs = {k: v for k, v in demo_defaults(args.model).items() if k not in ("height", "width")}
     if args.steps is not None:
         kwargs["num_inference_steps"] = args.steps

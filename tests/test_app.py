@@ -66,3 +66,24 @@ def test_default_start_is_the_trained_tiny_shapes_model(launch_app):
     centre = image[24:40, 24:40].reshape(-1, 3)
     assert corners.mean() > 180  # a white background ...
     assert centre[:, 0].mean() - centre[:, 2].mean() > 60  # ... with something red in the centre
+
+
+def test_compiled_mode_with_inductor_the_default_backend_matches_eager(launch_app):
+    """The app's default compile backend off TPU is inductor; every other compiled test uses aot_eager.
+    Here the real app compiles the trained tiny-shapes FluxPipeline with inductor through the API,
+    and its image must match the eager image of the same seed."""
+    app, url = launch_app("--no-warmup", "--compile-backend", "inductor")
+    assert app.engine.counter.backend == "inductor"
+    client = Client(url, verbose=False)
+    fields = dict(prompt="a small blue square in the top left corner on a black background", model="tiny-shapes",
+                  resolution="64x64", num_inference_steps=4, guidance_scale=3.0, seed=3, num_images=1, previews=False)
+    eager = client.predict(mode="eager", **fields, api_name="/generate")
+    compiled = client.predict(mode="compiled", **fields, api_name="/generate")
+    # the PNG's own settings say what ran
+    assert "compiled (inductor on cpu)" in Image.open(compiled[0]["image"]).info["parameters"]
+    assert app.engine.counter.count >= 1  # inductor compiled at least one graph
+    a = np.asarray(Image.open(eager[0]["image"]).convert("RGB"), dtype=float)
+    b = np.asarray(Image.open(compiled[0]["image"]).convert("RGB"), dtype=float)
+    assert a.shape == b.shape == (64, 64, 3)
+    assert np.abs(a - b).max() <= 4, np.abs(a - b).max()  # fused kernels reorder float sums: a few levels at most
+    assert np.abs(a - b).mean() <= 0.5

@@ -51,6 +51,62 @@ def test_held_out_never_in_training():
         assert all(score(scene, analyze(sd.render(scene))).values())
 
 
+def _drawn(draw_shape, blur: float = 0.0):
+    """A red figure on white, drawn by ``draw_shape(ImageDraw)``, optionally blurred like a generated edge."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    image = Image.new("RGB", (64, 64), sd.PALETTE["white"])
+    draw_shape(ImageDraw.Draw(image), sd.PALETTE["red"])
+    return image.filter(ImageFilter.GaussianBlur(blur)) if blur else image
+
+
+def _hexagon(rotation: float, radius: float = 13):
+    import math
+
+    return lambda d, fill: d.polygon([(32 + radius * math.cos(rotation + k * math.pi / 3),
+                                       32 + radius * math.sin(rotation + k * math.pi / 3)) for k in range(6)], fill=fill)
+
+
+HEXAGONS = [("pointy hexagon", _hexagon(1.5707963)), ("flat hexagon", _hexagon(0.0)),
+            ("small pointy hexagon", _hexagon(1.5707963, 7)), ("small flat hexagon", _hexagon(0.0, 7))]
+
+
+@pytest.mark.parametrize("name, draw_shape", HEXAGONS)
+def test_strict_judge_tells_a_drawn_hexagon_from_a_circle(name, draw_shape):
+    """Drawn sharp. Blurred by a pixel a 14-26 px hexagon is as round as a generated circle: not asserted."""
+    assert analyze(_drawn(draw_shape)).shape == "other", name
+
+
+@pytest.mark.parametrize("blur", [0.0, 1.0])
+@pytest.mark.parametrize("name, draw_shape", [
+    ("26x6 bar", lambda d, fill: d.rectangle((19, 29, 44, 34), fill=fill)),
+    ("26x8 ellipse", lambda d, fill: d.ellipse((19, 28, 44, 35), fill=fill)),
+    ("ring", lambda d, fill: (d.ellipse((19, 19, 44, 44), fill=fill), d.ellipse((25, 25, 38, 38), fill=(245, 245, 245)))),
+    ("upside-down triangle", lambda d, fill: d.polygon((19, 19, 44, 19, 32, 44), fill=fill)),
+    ("two squares", lambda d, fill: (d.rectangle((19, 19, 30, 30), fill=fill), d.rectangle((36, 36, 46, 46), fill=fill))),
+    ("diamond", lambda d, fill: d.polygon((32, 19, 44, 32, 32, 44, 19, 32), fill=fill)),
+])
+def test_strict_judge_names_no_dataset_shape_for_other_figures(name, draw_shape, blur):
+    """What the old fill-ratio judge got wrong: a bar read as a square, an ellipse and a hexagon as a
+    circle, a ring as a triangle."""
+    assert analyze(_drawn(draw_shape, blur)).shape in ("other", None), name
+
+
+def test_strict_judge_reads_every_dataset_shape_also_blurred():
+    from PIL import ImageFilter
+
+    for scene in sd.tuning_prompts() + sd.held_out_prompts():
+        assert all(score(scene, analyze(sd.render(scene))).values()), scene.caption
+        assert analyze(sd.render(scene).filter(ImageFilter.GaussianBlur(1.0))).shape == scene.objects[0].shape
+
+
+def test_tuning_and_held_out_sets_share_no_prompt():
+    tuning, held = sd.tuning_prompts(), sd.held_out_prompts()
+    assert len(tuning) == len(held) == 110
+    assert not {s.caption for s in tuning} & {s.caption for s in held}
+    assert not any(sd.is_held_out(o.colour, o.shape, o.position) for s in tuning for o in s.objects)
+
+
 @pytest.fixture(scope="module")
 def shipped_pipeline():
     import torch

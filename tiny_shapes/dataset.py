@@ -104,6 +104,16 @@ def held_out_prompts() -> list[Scene]:
     return scenes
 
 
+def tuning_prompts(count: int = 110) -> list[Scene]:
+    """Single-shape scenes of triples the model trained on, in a fixed order: the judge's tuning
+    set. It shares no (colour, shape, position) triple, hence no prompt, with :func:`held_out_prompts`."""
+    scenes = [Scene(background, (ShapeSpec(colour, shape, position, size),))
+              for colour in OBJECT_COLOURS for shape in SHAPES for position in POSITION_NAMES
+              if not is_held_out(colour, shape, position)
+              for size in SIZES for background in BACKGROUNDS if background != colour]
+    return scenes[:: max(1, len(scenes) // count)][:count]
+
+
 def parse_caption(caption: str) -> Scene:
     """The scene a caption of the grammar describes (inverse of ``Scene.caption``)."""
     text = caption.strip().lower()

@@ -177,6 +177,14 @@ def distributed_backend(device: DeviceInfo) -> str:
     return {"tpu": "tpu_dist", "cuda": "nccl"}.get(device.kind, "gloo")
 
 
+def device_mesh(device: DeviceInfo, ranks: list[int]):
+    """The tensor-parallel mesh over ``ranks``: ``DeviceMesh("tpu", ranks)`` on TPU, as the source
+    document builds it; ``DeviceMesh(<device kind>, ranks)`` elsewhere."""
+    from torch.distributed.device_mesh import DeviceMesh  # looked up per call: the tests' TPU stand-in records it
+
+    return DeviceMesh(device.kind, ranks)
+
+
 def synchronize(device: DeviceInfo) -> None:
     """Wait for queued device work, so timings measure compute and not dispatch."""
     if device.kind != "cpu":

@@ -27,6 +27,9 @@ class Placement(str, enum.Enum):
 
     WHOLE = "whole"  # pipe.to(device); compiled mode compiles the full transformer
     OFFLOAD = "offload"  # enable_model_cpu_offload(); compiled mode compiles repeated blocks
+    #: denoiser and VAE stay on the chip, text encoders run on the host; prompt embeddings are
+    #: cached (LRU), so a repeated prompt skips the encoders and no weights move per request
+    RESIDENT = "resident"
     TENSOR_PARALLEL = "tensor-parallel"  # transformer/text encoder sharded over chips (torchrun)
 
 
@@ -153,28 +156,28 @@ _ENTRIES = (
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",
         source="builtin:tiny-flux", default_steps=4, max_steps=50, default_guidance=0.0,
         guidance_range=None, buckets=_TINY_BUCKETS,
-        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         call_kwargs={"max_sequence_length": 77},
     ),
     ModelSpec(
         id="tiny-sd3", title="Tiny SD3 (random weights, offline)", pipeline_class="StableDiffusion3Pipeline",
         source="builtin:tiny-sd3", default_steps=4, max_steps=50, default_guidance=4.5,
         guidance_range=(0.0, 20.0), cfg_doubles_batch=True, negative_prompt=True, buckets=_TINY_BUCKETS,
-        placements=(Placement.WHOLE, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 77},
+        placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD), call_kwargs={"max_sequence_length": 77},
         repeated_blocks=("JointTransformerBlock",),
     ),
     ModelSpec(
         id="tiny-flux2", title="Tiny FLUX.2 (random weights, offline)", pipeline_class="Flux2Pipeline",
         source="builtin:tiny-flux2", default_steps=4, max_steps=50, default_guidance=4.0,
         guidance_range=(0.0, 20.0), buckets=_TINY_BUCKETS,
-        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         call_kwargs={"max_sequence_length": 77},
     ),
     ModelSpec(
         id="flux.1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
         source="black-forest-labs/FLUX.1-schnell", default_steps=4, min_steps=1, max_steps=8,
         default_guidance=0.0, guidance_range=None, buckets=_REAL_BUCKETS,
-        placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
+        placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         component_gb={"transformer": 23.8, "text_encoder_2": 9.5, "text_encoder": 0.25, "vae": 0.17},
         call_kwargs={"max_sequence_length": 256}, license_note="Apache-2.0",
     ),
@@ -183,7 +186,7 @@ _ENTRIES = (
         source="stabilityai/stable-diffusion-3.5-medium", default_steps=40, max_steps=80,
         default_guidance=4.5, guidance_range=(0.0, 20.0), cfg_doubles_batch=True, negative_prompt=True,
         buckets=_REAL_BUCKETS,
-        placements=(Placement.WHOLE, Placement.OFFLOAD),
+        placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD),
         component_gb={"transformer": 4.9, "text_encoder_3": 9.5, "text_encoder_2": 1.4,
                       "text_encoder": 0.25, "vae": 0.17},
         repeated_blocks=("JointTransformerBlock",),
@@ -192,7 +195,8 @@ _ENTRIES = (
     ModelSpec(
         id="flux.2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
         source="black-forest-labs/FLUX.2-dev", default_steps=28, max_steps=60, default_guidance=4.0,
-        guidance_range=(0.0, 20.0), buckets=_REAL_BUCKETS, placements=(Placement.TENSOR_PARALLEL,),
+        guidance_range=(0.0, 20.0), buckets=_REAL_BUCKETS,
+        placements=(Placement.TENSOR_PARALLEL, Placement.RESIDENT),
         component_gb={"transformer": 64.0, "text_encoder": 48.0, "vae": 0.17},
         license_note="gated: accept the license on the hub and set HF_TOKEN",
     ),

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from tpu_demo.core.catalog import ModelSpec
-from tpu_demo.device import DeviceInfo, distributed_backend
+from tpu_demo.device import DeviceInfo, device_mesh, distributed_backend
 from tpu_demo.models.loading import ModelUnavailable, hub_weights_present, model_dtype, resolve_source, unavailable_message
 
 log = logging.getLogger("tpu_demo.tensor_parallel")
@@ -71,7 +71,7 @@ def init_tensor_parallel(device: DeviceInfo, timeout_seconds: float) -> TensorPa
     if not dist.is_initialized():
         dist.init_process_group(backend=distributed_backend(device), timeout=timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    mesh = DeviceMesh(device.kind, list(range(world_size)))
+    mesh = device_mesh(device, list(range(world_size)))
     # Each rank sets its own wait limit on the control group: rank 0 gives up on a silent
     # follower after the timeout; followers wait for the next request as long as it takes.
     control_group = dist.new_group(backend="gloo", timeout=timeout if rank == 0 else _FOLLOWER_IDLE_TIMEOUT)

@@ -315,18 +315,15 @@ class Engine:
         callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
         generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
         negatives = negative_prompts or [""] * len(prompts)
-        kwargs = loaded.spec.pipeline_kwargs(guidance, negatives[0])
-        if "negative_prompt" in kwargs and len(prompts) > 1:
-            kwargs["negative_prompt"] = list(negatives)  # one per image, like the prompts
         # tensor parallel carries one prompt and seed per call (batch 1): see set_max_batch
         call = PipelineCall(loaded.spec.id, mode.value, prompts[0], bucket.width, bucket.height, steps, guidance,
                             seeds[0], negatives[0])
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
-                prompt=prompts if len(prompts) > 1 else prompts[0], height=bucket.height, width=bucket.width,
-                num_inference_steps=steps, generator=generators if len(generators) > 1 else generators[0],
+                height=bucket.height, width=bucket.width, num_inference_steps=steps,
+                generator=generators if len(generators) > 1 else generators[0],
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **kwargs)
+                **batched_call_inputs(loaded, prompts, guidance, negatives))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
@@ -389,3 +386,22 @@ class Engine:
         if members:
             self.calls_by_batch[len(members)] += 1
             run_batch(self, members)
+
+
+def batched_call_inputs(loaded: LoadedModel, prompts: list[str], guidance: float, negatives: list[str]) -> dict[str, Any]:
+    """The prompt arguments of a call of ``len(prompts)`` images: one image's are exactly
+    ``LoadedModel.call_inputs``; for several, prompts become lists and (resident placement)
+    each image's cached embeddings are stacked along the batch dimension."""
+    per_image = [loaded.call_inputs(prompt, guidance, negative) for prompt, negative in zip(prompts, negatives)]
+    if len(per_image) == 1:
+        return per_image[0]
+    merged: dict[str, Any] = {}
+    for name, value in per_image[0].items():
+        values = [inputs[name] for inputs in per_image]
+        if isinstance(value, torch.Tensor):
+            merged[name] = torch.cat(values, dim=0)
+        elif name in ("prompt", "negative_prompt"):
+            merged[name] = values
+        else:
+            merged[name] = value  # guidance, sequence length: the same for the whole call
+    return merged

@@ -23,6 +23,7 @@ from tpu_demo.engine.previews import LatentPreviewer
 from tpu_demo.engine.step_observer import DecodeGuard, apply_decode_guard
 from tpu_demo.models.loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
 from tpu_demo.models.placement import PlacementError, apply_placement, choose_placement
+from tpu_demo.models.prompt_cache import PromptEncoder
 
 log = logging.getLogger("tpu_demo.engine")
 
@@ -36,6 +37,14 @@ class LoadedModel:
     compiled: bool = False
     last_used: float = 0.0
     previewer: LatentPreviewer = field(default_factory=LatentPreviewer)
+    #: resident placement: the host-side text encoders and their embedding cache
+    prompt_encoder: PromptEncoder | None = None
+
+    def call_inputs(self, prompt: str, guidance: float, negative_prompt: str = "") -> dict[str, Any]:
+        """The pipeline call's prompt arguments: ``prompt=`` or, resident, the (cached) embeddings."""
+        if self.prompt_encoder is None:
+            return {"prompt": prompt, **self.spec.pipeline_kwargs(guidance, negative_prompt)}
+        return self.prompt_encoder.call_inputs(prompt, guidance, self.pipeline.transformer.device, negative_prompt)
 
 
 @dataclass(frozen=True)
@@ -107,10 +116,15 @@ class ModelPool:
                     pipeline = load_pipeline(spec, self.device, self.settings.models_dir)
             except ModelUnavailable as error:
                 raise EngineError(str(error)) from None
+            prompt_encoder = None
             if placement is not Placement.TENSOR_PARALLEL:
-                apply_placement(pipeline, placement, self.device)
+                prompt_encoder = apply_placement(pipeline, placement, self.device, spec)
         apply_decode_guard(pipeline, self.decode_guard)
-        loaded = LoadedModel(spec, pipeline, placement, parameter_bytes(pipeline), last_used=time.monotonic())
+        weight_bytes = parameter_bytes(pipeline)
+        if prompt_encoder is not None:  # resident: the host-side text encoders count too
+            weight_bytes += parameter_bytes(prompt_encoder.encoder_pipeline)
+        loaded = LoadedModel(spec, pipeline, placement, weight_bytes, last_used=time.monotonic(),
+                             prompt_encoder=prompt_encoder)
         self._models[spec.id] = loaded
         log.info("loaded %s (%s, %.1f MB) in %.2fs", spec.id, placement.value, loaded.weight_bytes / 1e6,
                  time.perf_counter() - started)

@@ -19,8 +19,7 @@ from tpu_demo.core.events import ImageResult, Stopped
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestError, validate_request
 from tpu_demo.web.gradio_queue import CurrentEvent
-from tpu_demo.web.handlers import _RequestFiles, _user_error
-from tpu_demo.web.supervision import StopReason
+from tpu_demo.web.handlers import RequestFiles, user_error
 
 if TYPE_CHECKING:
     from tpu_demo.web.handlers import PageHandlers
@@ -94,11 +93,11 @@ class CompareHandler:
                 seed=seed, num_images=1, previews=False), self.page.settings.limits)
         except RequestError as error:
             self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
-            raise _user_error(str(error), "Invalid input") from None
-        stop = self.page._armed_stop(request)
+            raise user_error(str(error), "Invalid input") from None
+        stop = self.page.armed_stop(request)
         run = self.page.supervisor.begin(replace(generation, num_images=len(PLAIN_WORDS)), stop, queued.event_id,
                                          queued.queue_wait_seconds, queued.connected)
-        files = _RequestFiles()
+        files = RequestFiles()
         gallery: list[tuple[str, str]] = []
         progress(0, desc="waiting for the device")
         try:
@@ -111,12 +110,11 @@ class CompareHandler:
                     gallery.append((files.save(event.image, event.parameters["mode"]), f"{title} (timing others...)"))
                     yield list(gallery), gr.skip(), gr.skip()
                 elif isinstance(event, Stopped):
+                    # like Generate: the finished modes stay on the page, and the caller is told how many
+                    # of the three were finished (never a success with a short comparison)
                     run.stopped(event)
-                    if run.stop_reason in (StopReason.TIMEOUT, StopReason.SHUTDOWN):
-                        raise _user_error(run.stop_message(event, len(PLAIN_WORDS)), "Stopped")
-                    gr.Warning(f"Stopped ({event.reason}): {event.completed} of {len(PLAIN_WORDS)} modes finished.")
                     yield list(gallery), EMPTY_SUMMARY, None
-                    return
+                    raise user_error(run.stop_message(event, len(PLAIN_WORDS)), "Stopped")
                 elif isinstance(event, Comparison):
                     final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
                     yield final, summary_html(event), event.as_dict()
@@ -124,8 +122,8 @@ class CompareHandler:
             raise
         except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
             run.failed(str(error))
-            raise _user_error(str(error), "Comparison failed") from None
+            raise user_error(str(error), "Comparison failed") from None
         finally:
             run.close()
-            self.page._drop_stop(request, stop)
+            self.page.release_stop(request, stop)
             files.remove()

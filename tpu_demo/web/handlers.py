@@ -66,7 +66,7 @@ def read_png_settings(path: str | Path | None) -> dict | None:
         return None
 
 
-class _RequestFiles:
+class RequestFiles:
     """Each image of a request written once as a PNG (settings chunks included).
 
     The gallery is re-sent whole on every update; handing Gradio PIL images would re-encode and
@@ -104,7 +104,7 @@ def _caption(result: ImageResult) -> str:
             f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}")
 
 
-def _user_error(message: str, title: str) -> gr.Error:
+def user_error(message: str, title: str) -> gr.Error:
     """An error for the user's modal and API callers: Gradio renders its text as HTML, and it can quote
     what the caller sent, so markup is escaped; the operator log has its own line (no stack trace)."""
     return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
@@ -137,10 +137,10 @@ class PageHandlers:
                 num_images=num_images, previews=previews, negative_prompt=negative_prompt), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
-            raise _user_error(str(error), "Invalid input") from None
-        stop = self._armed_stop(request)
+            raise user_error(str(error), "Invalid input") from None
+        stop = self.armed_stop(request)
         run = self.supervisor.begin(generation, stop, queued.event_id, queued.queue_wait_seconds, queued.connected)
-        files = _RequestFiles()
+        files = RequestFiles()
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
@@ -170,15 +170,15 @@ class PageHandlers:
                     # page, and every caller is told how many of its images were finished
                     run.stopped(event)
                     yield list(gallery)
-                    raise _user_error(run.stop_message(event, total), "Stopped")
+                    raise user_error(run.stop_message(event, total), "Stopped")
         except gr.Error:
             raise
         except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
             run.failed(str(error))
-            raise _user_error(str(error), "Generation failed") from None
+            raise user_error(str(error), "Generation failed") from None
         finally:
             run.close()
-            self._drop_stop(request, stop)
+            self.release_stop(request, stop)
             files.remove()
 
     def device_view(self, events: Iterable[QueuedEvent], api_name: str) -> list[QueuedEvent]:
@@ -210,7 +210,7 @@ class PageHandlers:
             spec = check_model(model_id, self.settings.limits)
             return self.engine.spec(spec.id), check_mode(mode, self.settings.limits)
         except RequestError as error:
-            raise _user_error(str(error), "Invalid input") from None
+            raise user_error(str(error), "Invalid input") from None
 
     def _warm(self, model_id: str, mode: ExecutionMode, request: gr.Request | None) -> None:
         """What a visitor may trigger without a generation: one background warmup per address
@@ -242,7 +242,7 @@ class PageHandlers:
         try:
             settings = read_png_settings(image_path if isinstance(image_path, str) else None)
         except pngmeta.PngRejected as error:
-            raise _user_error(f"image: {error}", "Invalid input") from None
+            raise user_error(f"image: {error}", "Invalid input") from None
         if settings is None:
             gr.Warning("This image carries no settings from this app.")
             return (gr.skip(),) * 11
@@ -331,11 +331,11 @@ class PageHandlers:
     def _new_stop(self, request: gr.Request | None) -> threading.Event:
         return self._stops.arm(self._session(request))
 
-    def _armed_stop(self, request: gr.Request | None) -> threading.Event:
-        """The flag armed at the click, else a fresh one (API calls arm none); held until ``_drop_stop``."""
+    def armed_stop(self, request: gr.Request | None) -> threading.Event:
+        """The flag armed at the click, else a fresh one (API calls arm none); held until ``release_stop``."""
         return self._stops.take(self._session(request))
 
-    def _drop_stop(self, request: gr.Request | None, event: threading.Event) -> None:
+    def release_stop(self, request: gr.Request | None, event: threading.Event) -> None:
         self._stops.release(self._session(request), event)
 
     @staticmethod

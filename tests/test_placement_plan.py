@@ -1,0 +1,120 @@
+"""Placement on real chips from real configurations, and the resident placement on real pipelines.
+
+The real architectures are built on the ``meta`` device (no weights) and counted; the counts
+must agree with the catalog's sizes, which drive every placement decision. The placement and
+transfer tables of docs/models.md must equal what the code computes. The resident placement
+(transformer and VAE on the device, text encoders on the host, cached embeddings) must give
+the image the whole placement gives, and a repeated prompt must not run the encoders.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import engine_images
+from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS, Placement
+from tpu_demo.device import DeviceInfo
+from tpu_demo.models.placement import choose_placement
+from tpu_demo.models.placement_plan import (embedding_mb, per_chip_gb, placement_table, plan_placement,
+                                            transfer_table, weight_gb_moved_per_request)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "models.md"
+REAL_SPECS = [CATALOG[model_id] for model_id in REAL_MODEL_IDS]
+
+
+@pytest.mark.parametrize("model_id", REAL_MODEL_IDS)
+def test_meta_device_parameter_counts_match_the_catalog_sizes(model_id):
+    from tpu_demo.models.sizing import component_sizes
+
+    sizes = component_sizes(model_id)
+    spec = CATALOG[model_id]
+    assert set(sizes) == set(spec.component_gb)
+    for name, size in sizes.items():
+        assert size["gb"] == pytest.approx(spec.component_gb[name], rel=0.03), (model_id, name, size)
+
+
+def test_published_parameter_counts():
+    """Figures the model cards state: FLUX.1 12B, SD3.5 Medium 2.5B, FLUX.2-dev 32B + a 24B Mistral."""
+    from tpu_demo.models.sizing import component_sizes
+
+    billions = {m: {n: s["parameters"] / 1e9 for n, s in component_sizes(m).items()} for m in REAL_MODEL_IDS}
+    assert billions["flux.1-schnell"]["transformer"] == pytest.approx(11.9, abs=0.1)
+    assert billions["flux.1-schnell"]["text_encoder_2"] == pytest.approx(4.76, abs=0.05)  # T5-XXL encoder
+    assert billions["sd3.5-medium"]["transformer"] == pytest.approx(2.47, abs=0.05)
+    assert billions["sd3.5-medium"]["text_encoder_2"] == pytest.approx(0.69, abs=0.02)  # CLIP-G
+    assert billions["flux.2-dev"]["transformer"] == pytest.approx(32.2, abs=0.2)
+    assert billions["flux.2-dev"]["text_encoder"] == pytest.approx(24.0, abs=0.1)  # Mistral Small 3.1
+
+
+def test_placement_and_transfer_tables_in_the_docs_are_the_computed_ones():
+    text = DOCS.read_text()
+    assert placement_table(REAL_SPECS) in text
+    assert transfer_table(REAL_SPECS) in text
+
+
+def test_placements_per_chip():
+    plan = {(m, chip, n): plan_placement(CATALOG[m], gb, n)
+            for m in REAL_MODEL_IDS for chip, gb in {"v5e": 16, "v6e": 32, "v5p": 95}.items() for n in (1, 4, 8)}
+    # one v6e: SD3.5 whole (the source document), FLUX.1-schnell with its transformer resident
+    assert plan["sd3.5-medium", "v6e", 1] is Placement.WHOLE
+    assert plan["flux.1-schnell", "v6e", 1] is Placement.RESIDENT
+    assert plan["flux.1-schnell", "v5e", 1] is None  # a 24 GB transformer on 16 GB
+    # FLUX.1's T5 has no TP plan, so it is whole on every chip: 4 v5e chips are not enough
+    assert plan["flux.1-schnell", "v5e", 4] is None
+    assert plan["flux.1-schnell", "v5e", 8] is Placement.TENSOR_PARALLEL
+    assert plan["flux.2-dev", "v6e", 8] is Placement.TENSOR_PARALLEL  # the source document's 8 chips
+    assert plan["flux.2-dev", "v6e", 4] is None
+    assert plan["flux.2-dev", "v5p", 1] is Placement.RESIDENT  # 64 GB transformer, Mistral on the host
+
+
+def test_automatic_choice_prefers_resident_to_offload():
+    v6e = DeviceInfo(kind="tpu", count=1, name="TPU v6e", memory_bytes_per_device=32 * 10**9)
+    flux = CATALOG["flux.1-schnell"]
+    assert choose_placement(flux, v6e) is Placement.RESIDENT
+    assert choose_placement(flux, v6e, override=Placement.OFFLOAD) is Placement.OFFLOAD  # still selectable
+    assert weight_gb_moved_per_request(flux, Placement.OFFLOAD) == pytest.approx(2 * 33.7, abs=0.2)
+    assert weight_gb_moved_per_request(flux, Placement.RESIDENT) == 0
+    assert embedding_mb(flux) == pytest.approx(256 * 4096 * 2 / 1e6)
+    assert per_chip_gb(flux, Placement.RESIDENT) == pytest.approx(23.97)
+
+
+@pytest.mark.parametrize("model", ["tiny-flux", "tiny-sd3", "tiny-flux2"])
+def test_resident_matches_whole_and_a_repeated_prompt_skips_the_encoders(make_engine, model):
+    guidance = CATALOG[model].default_guidance
+    whole = make_engine(placement_override=Placement.WHOLE)
+    expected = engine_images(whole, model=model, guidance_scale=guidance)[0].image
+    whole.close()
+
+    engine = make_engine(placement_override=Placement.RESIDENT)
+    first = engine_images(engine, model=model, guidance_scale=guidance)[0].image
+    loaded = engine.pool.get(model)
+    assert loaded.placement is Placement.RESIDENT
+    assert all(getattr(loaded.pipeline, name) is None for name in loaded.pipeline.components
+               if name.startswith("text_encoder"))  # the denoising pipeline holds no encoder
+    encoder_calls = []
+    for name, component in loaded.prompt_encoder.encoder_pipeline.components.items():
+        if name.startswith("text_encoder") and component is not None:
+            component.register_forward_hook(lambda *args: encoder_calls.append(1))
+    second = engine_images(engine, model=model, guidance_scale=guidance, seed=7)[0].image
+    assert encoder_calls == []  # the cached embeddings were used
+    assert loaded.prompt_encoder.hits >= 1
+    engine_images(engine, model=model, guidance_scale=guidance, prompt="a blue square")
+    assert encoder_calls  # a new prompt runs them
+
+    diff = (torch.tensor(list(first.getdata()), dtype=torch.float) -
+            torch.tensor(list(expected.getdata()), dtype=torch.float)).abs().max().item()
+    assert diff <= 1, f"resident differs from whole by {diff} levels"
+    assert list(second.getdata()) == list(first.getdata())
+    assert "resident" in engine.placement_description(model)
+
+
+def test_resident_compiled_mode_compiles_the_full_transformer(make_engine):
+    engine = make_engine(placement_override=Placement.RESIDENT)
+    images = engine_images(engine, model="tiny-flux", mode="compiled")
+    assert images[0].image.size == (64, 64)
+    compiles = engine.counter.count
+    assert compiles >= 1
+    engine_images(engine, model="tiny-flux", mode="compiled", seed=9)
+    assert engine.counter.count == compiles
+    assert engine.pool.get("tiny-flux").pipeline.transformer._compiled_call_impl is not None
