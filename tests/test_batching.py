@@ -55,11 +55,17 @@ def _run_together(engine, requests, stops=None, on_event=None):
     return events
 
 
-@pytest.mark.parametrize("model, guidance", [("tiny-flux", 0.0), ("tiny-sd3", 4.5)])
-def test_same_pixels_batched_and_alone(make_engine, model, guidance):
-    """Four seeds alone (batch 1) and as one call of 4 from two requests: the same images within 1/255."""
-    engine = make_engine(max_batch=4)
+@pytest.mark.parametrize("model, guidance, placement", [("tiny-flux", 0.0, None), ("tiny-sd3", 4.5, None),
+                                                        ("tiny-sd3", 4.5, "resident")])
+def test_same_pixels_batched_and_alone(make_engine, model, guidance, placement):
+    """Four seeds alone (batch 1) and as one call of 4 from two requests: the same images within 1/255.
+    Resident placement: each image's cached prompt embeddings are stacked into the batch."""
+    from tpu_demo.core.catalog import Placement
+
+    engine = make_engine(max_batch=4, placement_override=Placement(placement) if placement else None)
     engine.warmup(model, ExecutionMode.EAGER, buckets=None)
+    if placement:
+        assert engine.status().models[model]["placement"] == placement
     shapes = {s.batch: s.state for s in engine.buckets_for(model, ExecutionMode.EAGER) if s.resolution == "64x64"}
     cfg = 2 if model == "tiny-sd3" else 1  # SD3's classifier-free guidance doubles the transformer batch
     assert shapes == {cfg * n: BucketState.WARM for n in (1, 2, 4)}
