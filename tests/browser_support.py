@@ -7,10 +7,11 @@ network; the route guard proves the page makes no request beyond loopback.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from app_runner import free_port, start_app, stop_app  # noqa: F401 - re-exported for the browser tests and scripts
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -41,28 +42,6 @@ def guard_network(context: Any) -> list[str]:
 
     context.route("**/*", route)
     return blocked
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_app(*flags: str) -> tuple[Any, str]:
-    """Build and launch the real app on a free loopback port; returns (app, url). Close with stop_app."""
-    from tpu_demo.launch.config import parse_config
-    from tpu_demo.launch.serve import build_app, launch
-
-    port = free_port()
-    app = build_app(parse_config(["--port", str(port), *flags], environ={}))
-    launch(app, prevent_thread_lock=True)
-    return app, f"http://127.0.0.1:{port}/"
-
-
-def stop_app(app: Any) -> None:
-    app.demo.close()
-    app.engine.close()
 
 
 def wait_for_gallery_images(page: Any, count: int, timeout_ms: float = 60_000) -> list[dict]:

@@ -9,13 +9,14 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore:<TorchTpu/Performance/TcMalloc/"
 
 import json  # noqa: E402
 import logging  # noqa: E402
-import socket  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import tpu_demo  # noqa: E402,F401 - applies the offline environment defaults
+import app_runner  # noqa: E402
+from app_runner import free_port, stop_app  # noqa: E402,F401 - tests import them from here
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread; keeps the other core for servers
 
@@ -49,28 +50,9 @@ def make_engine(models_dir):
         engine.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_app(cache_dir: Path, *flags: str):
-    """The real app (Gradio server on 127.0.0.1, free port) from flags; returns (app, url)."""
-    from tpu_demo.launch.config import parse_config
-    from tpu_demo.launch.serve import build_app, launch
-
-    port = free_port()
-    config = parse_config(["--port", str(port), "--cache-dir", str(cache_dir), "--compile-backend", "aot_eager",
-                           *flags], environ={})
-    app = build_app(config)
-    launch(app, prevent_thread_lock=True)
-    return app, f"http://127.0.0.1:{port}/"
-
-
-def stop_app(app) -> None:
-    app.demo.close()
-    app.engine.close()
+    """The real app with the test suite's cache and the fast compile backend; returns (app, url)."""
+    return app_runner.start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", *flags)
 
 
 @pytest.fixture
