@@ -50,6 +50,7 @@ class BatchObserver:
     def __call__(self, pipeline: Any, step: int, timestep: Any, callback_kwargs: dict) -> dict:
         self.steps_done = step + 1
         latents = callback_kwargs.get("latents")
+        newly_stopped = []
         for row, (observer, member) in enumerate(zip(self.observers, self.members)):
             if observer.interrupted:
                 continue
@@ -57,12 +58,17 @@ class BatchObserver:
             own = {"latents": latents[row:row + 1]} if latents is not None else {}
             observer(SimpleNamespace(), step, timestep, own)  # a stand-in: one image never interrupts the call
             if observer.interrupted:
-                member.pending.finish(stop_event(member.pending, f"stopped at step {self.steps_done} "
-                                                                 f"of image {member.index + 1}"))
+                newly_stopped.append(member)
         if all(observer.interrupted for observer in self.observers):
+            # nobody wants this call: it ends at this step, and run_batch ends the streams once it has
+            # returned (execution mode left, device free), as an unbatched call would
             pipeline._interrupt = True
             self.interrupted = True
             self.guard.active = True  # diffusers decodes after an interrupted loop: nobody wants these images
+            return {}
+        for member in newly_stopped:  # the others go on: end these streams now, not when the call ends
+            member.pending.finish(stop_event(member.pending, f"stopped at step {self.steps_done} "
+                                                             f"of image {member.index + 1}"))
         return {}
 
 
