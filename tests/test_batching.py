@@ -39,7 +39,9 @@ def _run_together(engine, requests, stops=None, on_event=None):
         except Exception as error:  # noqa: BLE001 - asserted below
             errors.append(error)
 
-    # hold the device while all requests queue up, so they meet in the image queue
+    # hold the device while all requests queue up, so they meet in the image queue (first let the
+    # device thread drain jobs left from earlier requests: they would take images before the gate)
+    engine.submit(lambda: None).result()
     gate = threading.Event()
     engine.submit(gate.wait)
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(requests))]
