@@ -9,8 +9,9 @@ under offload, both buckets warmed first), with previews on, at its largest buck
 4096 image tokens) and a non-square one (1344x768: 4032): the image has the bucket's size,
 the requests compile nothing after warmup, and the previews have the real latent grid.
 
-SD3.5 Medium (the lightest per token) runs in CI; FLUX.1-schnell and FLUX.2-dev (12B/32B-class
-widths: minutes per request on two CPU cores) run with ``TPU_DEMO_RUN_SLOW=1``.
+SD3.5 Medium (the lightest per token) runs in CI; FLUX.1-schnell (every placement, and tensor
+parallel over 2 gloo ranks) and FLUX.2-dev (width 6144, a 5120-wide Mistral: ~8 GB of bf16
+weights at depth 1) run with ``TPU_DEMO_RUN_SLOW=1`` (4-5 minutes per model here).
 """
 
 import os

@@ -36,7 +36,8 @@ def main() -> None:
     torch.set_num_threads(1)
     models_dir, out_file, model_id = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     spec = reduced_spec(model_id)
-    tiny_models.BUILDERS[reduced_id(model_id)] = lambda: build_reduced_pipeline(model_id, narrow_vae=True)
+    narrow = os.environ.get("TPU_DEMO_REAL_VAE") != "1"
+    tiny_models.BUILDERS[reduced_id(model_id)] = lambda: build_reduced_pipeline(model_id, narrow_vae=narrow)
     catalog.CATALOG = MappingProxyType({**catalog.CATALOG, spec.id: spec})
     world = init_tensor_parallel(detect_device("cpu"), timeout_seconds=1800)
     pipeline = load_tensor_parallel_pipeline(spec, world, models_dir)
