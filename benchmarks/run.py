@@ -339,6 +339,18 @@ def measure_throughput(bench: Bench, bare_image_s: float) -> dict[str, Any]:
             "ratio_to_bare": round(per_minute / bare_per_minute, 3)}
 
 
+def measure_load_section(bench: Bench) -> dict[str, Any]:
+    """1, 4, 16 clients (smoke: 1, 2), batching off and on, interleaved (benchmarks/throughput.py)."""
+    from benchmarks.throughput import measure_load
+    from tpu_demo.core.modes import ExecutionMode
+
+    bench.engine.warmup(bench.spec.id, ExecutionMode.COMPILED, buckets=(bench.bucket,))  # every batch size
+    clients = (1, 2) if bench.args.smoke else (1, 4, 16)
+    rounds, per_client = (1, 1) if bench.args.smoke else (3, 3)
+    return measure_load(bench.url, bench.engine, bench.fields(seed=0), lambda seed: bench.bare_call(seed),
+                        clients, per_client, rounds, bench.engine.max_batch)
+
+
 def measure_restart(args: argparse.Namespace, work_dir: Path, buckets: str) -> dict[str, Any]:
     """Start-up to all buckets warm: a cold process (empty compile cache), then a second one."""
     from tpu_demo.core.catalog import get_spec
@@ -419,7 +431,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     flags = ["--port", str(port), "--cache-dir", str(args.main_cache_dir), "--model", args.model, "--models", args.model,
              "--buckets", bucket_text, "--mode", "compiled", "--compile-backend", args.compile_backend, "--no-warmup",
-             "--max-queue", str(max(32, 2 * args.clients))]
+             "--max-queue", str(max(64, 2 * args.clients)), "--max-batch", "4", "--max-per-ip", "0"]
     if threads:
         flags += ["--threads", str(threads)]
     if args.device:
@@ -455,6 +467,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         _section(results, "app_overhead", lambda: measure_app_overhead(bench))
         bare_image_s = median(figures["engine_overhead"]["b_ms"] + figures["app_overhead"]["b_ms"]) / 1000
         _section(results, "throughput", lambda: measure_throughput(bench, bare_image_s))
+        _section(results, "load", lambda: measure_load_section(bench))
     finally:
         app.demo.close()
         app.engine.close()
@@ -526,6 +539,13 @@ def markdown_table(results: dict[str, Any]) -> str:
     t = f["throughput"]
     rows.append((f"throughput, queue saturated by {t['clients']} clients", f"{t['images_per_minute']:.0f} images/min "
                  f"({t['ratio_to_bare']:.2f}x of back-to-back bare calls; {t['images']} images, {len(t['errors'])} errors)", "\u2013", "\u2013"))
+    for row in f["load"]["configs"].values():
+        rows.append((f"load: {row['clients']} client(s), max batch {row['max_batch']}",
+                     f"{row['images_per_minute']:.0f} images/min ({row['ratio_to_bare']:.2f}x of bare calls; p50 "
+                     f"{1000 * row['p50_latency_s']:.0f} ms, p95 {1000 * row['p95_latency_s']:.0f} ms; "
+                     f"{row['error_count']} errors)",
+                     ">= 0.6x at 4 clients, batching on" if row["clients"] == 4 and row["max_batch"] > 1 else "\u2013",
+                     _met(row["ratio_to_bare"] >= 0.6) if row["clients"] == 4 and row["max_batch"] > 1 else "\u2013"))
     s = f["restart"]
     rows.append(("restart: start-up to all buckets warm, with cache / cold", f"{s['ratio']:.3f}x ({s['with_cache']['seconds_to_all_warm']:.1f} s / "
                  f"{s['cold']['seconds_to_all_warm']:.1f} s, {len(s['cold']['buckets'])} buckets)", TARGETS["restart"], _met(s["ratio"] <= 0.35)))

@@ -114,6 +114,9 @@ def test_smoke_run_emits_every_figure(tmp_path):
     assert through_app["pairs"] == 2 and through_app["denoise_per_image"]["ratio"] > 0
     assert through_app["whole_request"]["on_ms"] > 0 and through_app["updates_per_request"]["off"] >= 1
     assert figures["throughput"]["images"] == 2 and figures["throughput"]["errors"] == []
+    load = figures["load"]["configs"]  # 1 and 2 clients, batching off and on, one request each (smoke)
+    assert {(row["clients"], row["max_batch"]) for row in load.values()} == {(1, 1), (1, 4), (2, 1), (2, 4)}
+    assert all(row["images"] == row["clients"] and row["error_count"] == 0 for row in load.values())
     restart = figures["restart"]
     assert restart["cold"]["all_warm"] and restart["with_cache"]["all_warm"] and restart["ratio"] > 0
     # the smoke compiles with aot_eager, which keeps no persistent cache: the status says "unknown", not "hit"
@@ -122,5 +125,5 @@ def test_smoke_run_emits_every_figure(tmp_path):
     assert results["compile_backend"] == "aot_eager"
     assert "compiled = aot_eager" in run.stdout
     for row in ("engine overhead", "app overhead", "warm vs cold, compiled", "recompiles after warmup", "peak RSS",
-                "previews on / off through the app", "step preview", "throughput", "restart"):
+                "previews on / off through the app", "step preview", "throughput", "load: 2 client(s), max batch 4", "restart"):
         assert row in run.stdout

@@ -153,11 +153,11 @@ def test_stop_flags_are_per_session_and_bounded(make_engine):
 
     ui = web_handlers.PageHandlers(make_engine(), web_handlers.UiSettings("tiny-flux", ExecutionMode.EAGER,
                                                                           RequestLimits()))
-    anonymous = [ui._armed_stop(None) for _ in range(2)]
+    anonymous = [ui.armed_stop(None) for _ in range(2)]
     assert anonymous[0] is not anonymous[1] and not ui._stops  # callers without a session share nothing
     ui.stop(None)
     assert not any(flag.is_set() for flag in anonymous)
-    mine = ui._armed_stop(SimpleNamespace(session_hash="mine"))
+    mine = ui.armed_stop(SimpleNamespace(session_hash="mine"))
     ui.stop(SimpleNamespace(session_hash="someone-else"))
     assert not mine.is_set()
     ui.stop(SimpleNamespace(session_hash="mine"))

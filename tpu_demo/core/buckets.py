@@ -64,3 +64,7 @@ def parse_bucket_list(text: str, multiple_of: int = 16) -> tuple[Bucket, ...]:
         if bucket not in buckets:
             buckets.append(bucket)
     return tuple(buckets)
+
+
+#: static batch sizes (images per pipeline call): each warm one is one more graph per bucket
+BATCH_SIZES: tuple[int, ...] = (1, 2, 4)

@@ -25,7 +25,8 @@ class ShapeKey(NamedTuple):
     model: str
     mode: str
     resolution: str
-    #: images per transformer call: 2 where the model's classifier-free guidance doubles the batch
+    #: the transformer's batch: images per pipeline call (1, 2, 4: --max-batch), times 2 where the
+    #: model's classifier-free guidance doubles the batch (SD3)
     batch: int = 1
 
 

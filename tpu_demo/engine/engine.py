@@ -3,7 +3,9 @@
 All device work runs on one worker thread, one job at a time, so two pipelines never run at
 once on the device and background warmup interleaves with requests between buckets. A
 request is a generator of events (compiling, step progress, image done, stopped) fed by that
-thread through a queue, so callers see each image the moment it exists.
+thread through a queue, so callers see each image the moment it exists. Requests do not run
+one after another: their images wait in ``batching.ImageQueue`` and each device job makes one
+pipeline call from waiting images of one shape (``batch_run``), up to ``max_batch`` at a time.
 
 This module knows nothing of Gradio; device specifics come from ``tpu_demo.device``, model
 knowledge from the catalog. Its parts: ``model_pool`` (loading, eviction), ``bucket_book``
@@ -17,7 +19,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,23 +27,23 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from tpu_demo.core import pngmeta
 from tpu_demo.core.buckets import Bucket
 from tpu_demo.core.catalog import CATALOG, ModelSpec, Placement, get_spec
 from tpu_demo.core.errors import EngineError
-from tpu_demo.core.events import BucketStatus, Compiling, EngineStatus, ImageResult, ShapeKey, Stopped
+from tpu_demo.core.events import BucketStatus, EngineStatus, ShapeKey, Stopped
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.recent import RecentRuns, TimedRun
+from tpu_demo.core.recent import RecentRuns
 from tpu_demo.core.request import GenerationRequest
 from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
                              synchronize)
 from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall
+from tpu_demo.engine.batch_run import run_batch
+from tpu_demo.engine.batching import END, ImageQueue, PendingRequest, batch_sizes
 from tpu_demo.engine.bucket_book import BucketBook
 from tpu_demo.engine.about import server_facts
 from tpu_demo.engine.compare import compare_modes
 from tpu_demo.engine.compile_counter import CompileCounter
 from tpu_demo.engine.errors import user_message
-from tpu_demo.engine.image_record import image_parameters, image_timings
 from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
 from tpu_demo.engine.preview_stream import PreviewStream
 from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
@@ -53,8 +54,8 @@ __all__ = ["Engine", "EngineConfig", "EngineError"]
 
 log = logging.getLogger("tpu_demo.engine")
 
-#: How often a waiting request checks whether the tensor-parallel group has failed.
-_FAILURE_POLL_SECONDS = 0.5
+#: How often a waiting request checks its Stop flag and whether the tensor-parallel group has failed.
+_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class EngineConfig:
     warmup_steps: int = 2
     #: emit a latent preview every this many denoising steps (0: never)
     preview_every: int = 1
+    #: most images per pipeline call (static sizes 1, 2, 4 up to it); tensor parallel runs batch 1
+    max_batch: int = 1
     #: and at most one preview per this many seconds of wall time (the first comes at once)
     preview_seconds: float = 0.25
 
@@ -83,9 +86,14 @@ class Engine:
         self.lockstep = lockstep
         self.counter = CompileCounter(compile_backend_name(device, config.cpu_compile_backend))
         self.book = BucketBook(self.counter)
-        self._decode_guard = DecodeGuard()
+        self.decode_guard = DecodeGuard()
         self.pool = ModelPool(PoolSettings(config.models_dir, config.placement_override, config.memory_budget_gb),
-                              device, self.book, self._decode_guard, lockstep, self._in_lockstep)
+                              device, self.book, self.decode_guard, lockstep, self._in_lockstep)
+        #: images waiting for the device; a lockstep call carries one prompt and seed, so TP runs batch 1
+        self._images = ImageQueue()
+        self.batch_sizes = batch_sizes(config.max_batch if lockstep is None else 1)
+        #: pipeline calls made for requests, by images per call
+        self.calls_by_batch: Counter[int] = Counter()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._busy = threading.Event()
         self._closing = threading.Event()
@@ -103,8 +111,8 @@ class Engine:
         }
         bucket_count = sum(len(spec.buckets) for spec in self.specs.values())
         # fullgraph=True turns dynamo's recompile limit into a hard failure: cover every shape
-        # (each bucket, at batch 1 and 2) with room to spare.
-        limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count + 8)
+        # (each bucket, at every batch size, with and without a CFG-doubled batch) with room to spare.
+        limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count * len(self.batch_sizes) + 8)
         self._recompile_limits = {"recompile_limit": limit, "accumulated_recompile_limit": max(
             torch._dynamo.config.accumulated_recompile_limit, 4 * limit)}
         self._apply_recompile_limits()
@@ -139,22 +147,36 @@ class Engine:
                             models=models, buckets=self.book.all(), compiles_total=self.counter.count,
                             busy=self._busy.is_set())
 
-    def shape_key(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidance_scale: float) -> ShapeKey:
-        """The static shape a call runs at: classifier-free guidance that doubles the batch is another graph."""
-        batch = 2 if spec.cfg_doubles_batch and guidance_scale > 1.0 else 1
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
+    def set_max_batch(self, max_batch: int) -> None:
+        """Change the largest batch size at run time (the benchmark compares batching on and off);
+        sizes used must still be warm (``warmup``) before a request batches at them."""
+        self.batch_sizes = batch_sizes(max_batch if self.lockstep is None else 1)
+
+    def shape_key(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidance_scale: float,
+                  images: int = 1) -> ShapeKey:
+        """The static shape a call runs at: the transformer's batch, ``images`` per call, doubled
+        where the model's classifier-free guidance doubles the batch (another graph)."""
+        batch = images * (2 if spec.cfg_doubles_batch and guidance_scale > 1.0 else 1)
         return ShapeKey(spec.id, mode.value, str(bucket), batch)
 
     def bucket_status(self, key: ShapeKey) -> BucketStatus:
         return self.book.snapshot(key)
 
-    def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
-        """Every configured bucket of ``model_id`` in ``mode`` (cold ones too), plus any other shape used."""
+    def configured_shapes(self, model_id: str, mode: ExecutionMode) -> list[ShapeKey]:
+        """What warmup warms: every bucket at every batch size, at the model's default guidance."""
         spec = self.spec(model_id)
-        configured = [self.book.snapshot(self.shape_key(spec, mode, bucket, spec.default_guidance))
-                      for bucket in spec.buckets]
-        default_batch = configured[0].batch if configured else 1
-        return configured + self.book.matching(
-            lambda key: key.model == model_id and key.mode == mode.value and key.batch != default_batch)
+        return [self.shape_key(spec, mode, bucket, spec.default_guidance, images)
+                for images in self.batch_sizes for bucket in spec.buckets]
+
+    def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
+        """Every configured shape of ``model_id`` in ``mode`` (cold ones too) first, then any other shape used."""
+        configured = self.configured_shapes(model_id, mode)
+        return [self.book.snapshot(key) for key in configured] + self.book.matching(
+            lambda key: key.model == model_id and key.mode == mode.value and key not in configured)
 
     # ---- device jobs ----------------------------------------------------------------------
     def submit(self, job: Callable[[], Any]) -> Future:
@@ -177,7 +199,7 @@ class Engine:
 
     def warmup(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                stop: threading.Event | None = None, may_evict: bool = True) -> list[BucketStatus]:
-        """Warm each bucket of ``model_id`` in ``mode``, one device job per bucket (blocking).
+        """Warm each bucket of ``model_id`` in ``mode`` at every batch size, one device job per shape (blocking).
 
         A bucket whose warmup fails is marked failed; the others still warm. With
         ``may_evict=False`` (warmups a visitor triggers) nothing loaded is freed for it: if the
@@ -186,11 +208,14 @@ class Engine:
         """
         spec = self.spec(model_id)
         results = []
-        for bucket in buckets or spec.buckets:
+        # every bucket at batch 1 first: a bucket is usable at all before its larger batches warm
+        shapes = [(bucket, images) for images in self.batch_sizes for bucket in buckets or spec.buckets]
+        for bucket, images in shapes:
             if (stop is not None and stop.is_set()) or self._closing.is_set():
                 break
-            key = self.shape_key(spec, mode, bucket, spec.default_guidance)
-            status = self.submit(lambda b=bucket, k=key: self._warm_bucket(spec, mode, b, k, may_evict)).result()
+            key = self.shape_key(spec, mode, bucket, spec.default_guidance, images)
+            status = self.submit(lambda b=bucket, k=key, n=images: self._warm_bucket(
+                spec, mode, b, k, may_evict, n)).result()
             if status is None:
                 log.info("warmup of %s %s skipped: it would free a loaded model", model_id, mode.value)
                 break
@@ -220,47 +245,50 @@ class Engine:
     def generate(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
         """Run a validated request; yields Compiling, StepProgress, ImageResult and Stopped events.
 
-        Raises EngineError if the request fails. Closing the generator early (a client went
-        away) stops the job at its next denoising step.
+        Its images wait for the device with every other request's and may share a pipeline call
+        with them (``batching``). Raises EngineError if the request fails. Setting ``stop`` ends
+        the stream at once (while waiting, or at the next denoising step); closing the
+        generator early (a client went away) does the same.
         """
         stop = stop or threading.Event()
         if self.lockstep is not None and self.lockstep.failure:
             raise EngineError(self.lockstep.failure)
         events: queue.Queue = queue.Queue()
-        done = object()
+        pending = PendingRequest(request, events.put, stop)
         with self._in_use_lock:
             self._in_use[request.model] += 1  # from now until the request ends: no warmup evicts it
-
-        def job() -> None:
-            try:
-                self._run_request(request, events.put, stop)
-            except Exception as error:  # noqa: BLE001 - reported to the caller below
-                log.warning("request failed: %s", user_message(error))
-                release_cached_memory(self.device)  # the next request starts clean
-                events.put(error)
-            finally:
-                events.put(done)
-
-        self.submit(job)
+        self._images.add(pending)
+        for _ in range(request.num_images):  # at most one call per image; a job that finds nothing waiting returns
+            self.submit(self._run_next_call)
         try:
             while True:
                 try:
-                    event = events.get(timeout=_FAILURE_POLL_SECONDS)
+                    event = events.get(timeout=_POLL_SECONDS)
                 except queue.Empty:
                     if self.lockstep is not None and self.lockstep.failure:
                         raise EngineError(self.lockstep.failure) from None  # the device thread may be stuck
+                    if stop.is_set() and pending.in_flight == 0:  # stopped while waiting: end now
+                        pending.finish(Stopped(completed=pending.completed, reason="stopped"))
+                    elif self._closing.is_set() and pending.in_flight == 0:  # its device jobs were dropped
+                        pending.finish(EngineError("the server is shutting down; try again in a minute"))
                     continue
-                if event is done:
+                if event is END:
                     return
                 if isinstance(event, Exception):
                     raise event if isinstance(event, EngineError) else EngineError(user_message(event)) from event
                 yield event
         finally:
             stop.set()  # a consumer that stops listening stops the job
+            pending.finish()
+            self._images.remove(pending)
             with self._in_use_lock:
                 self._in_use[request.model] -= 1
                 if self._in_use[request.model] <= 0:
                     del self._in_use[request.model]
+
+    def requests_waiting(self) -> int:
+        """Requests none of whose images has reached the device yet."""
+        return self._images.waiting_requests()
 
     def about(self) -> dict[str, Any]:
         """Device, versions, compile backend and cache state, models offered (engine/about.py)."""
@@ -277,35 +305,42 @@ class Engine:
         self.pool.unload_all()  # the device thread has finished: safe from here
 
     # ---- on the device thread -------------------------------------------------------------
-    def _call_pipeline(self, loaded: LoadedModel, mode: ExecutionMode, prompt: str, bucket: Bucket,
-                       steps: int, guidance: float, seed: int, observer: StepObserver,
-                       negative_prompt: str = "") -> Any:
+    def call_pipeline(self, loaded: LoadedModel, mode: ExecutionMode, prompts: list[str], bucket: Bucket,
+                      steps: int, guidance: float, seeds: list[int], observer: Any,
+                      negative_prompts: list[str] | None = None) -> Any:
+        """One pipeline call of ``len(prompts)`` images, image i from its own generator seeded ``seeds[i]``."""
         if mode is ExecutionMode.COMPILED and not loaded.compiled:
             compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
             loaded.compiled = True
         callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
-        call = PipelineCall(loaded.spec.id, mode.value, prompt, bucket.width, bucket.height, steps, guidance, seed,
-                            negative_prompt)
+        generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
+        negatives = negative_prompts or [""] * len(prompts)
+        # tensor parallel carries one prompt and seed per call (batch 1): see set_max_batch
+        call = PipelineCall(loaded.spec.id, mode.value, prompts[0], bucket.width, bucket.height, steps, guidance,
+                            seeds[0], negatives[0])
         with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
             output = loaded.pipeline(
                 height=bucket.height, width=bucket.width, num_inference_steps=steps,
-                generator=torch.Generator("cpu").manual_seed(seed),
+                generator=generators if len(generators) > 1 else generators[0],
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.call_inputs(prompt, guidance, negative_prompt))
+                **batched_call_inputs(loaded, prompts, guidance, negatives))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
-            loaded.previewer.observe(observer.final_latents, output.images[0], bucket)
+            loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
         return output
+
+    def release_after_failure(self) -> None:
+        release_cached_memory(self.device)  # the next call starts clean
 
     def run_followed_call(self, call: PipelineCall) -> None:
         """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
         loaded = self.pool.load(self.spec(call.model_id))
         bucket = Bucket(call.width, call.height)
-        observer = StepObserver.silent(call.num_inference_steps, bucket, self._previews(loaded, bucket, 0))
-        self._call_pipeline(loaded, ExecutionMode(call.mode), call.prompt, bucket, call.num_inference_steps,
-                            call.guidance_scale, call.seed, observer, call.negative_prompt)
+        observer = StepObserver.silent(call.num_inference_steps, bucket, self.previews(loaded, bucket, 0))
+        self.call_pipeline(loaded, ExecutionMode(call.mode), [call.prompt], bucket, call.num_inference_steps,
+                           call.guidance_scale, [call.seed], observer, [call.negative_prompt])
 
-    def _previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
+    def previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
         return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)
 
     def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
@@ -320,7 +355,7 @@ class Engine:
             return set(self._in_use)
 
     def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, key: ShapeKey,
-                     may_evict: bool = True) -> BucketStatus | None:
+                     may_evict: bool = True, images: int = 1) -> BucketStatus | None:
         """Warm one bucket (device thread); None when that would free a model it may not free."""
         if self.book.is_warm(key):
             return self.book.snapshot(key)
@@ -330,56 +365,43 @@ class Engine:
         try:
             loaded = self.pool.load(spec, keep)
             # a guidance that runs at the key's batch size: the model's default, else one that (does not) double it
-            default_key = self.shape_key(spec, mode, bucket, spec.default_guidance)
-            guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 else 1.0)
+            default_key = self.shape_key(spec, mode, bucket, spec.default_guidance, images)
+            guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 * images else 1.0)
             steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
-            observer = StepObserver.silent(steps, bucket, self._previews(loaded, bucket, 0))
-            self.book.compile_phase(key, lambda: self._call_pipeline(
-                loaded, mode, "warmup", bucket, steps, guidance, 0, observer))
+            observer = StepObserver.silent(steps, bucket, self.previews(loaded, bucket, 0))
+            self.book.compile_phase(key, lambda: self.call_pipeline(
+                loaded, mode, ["warmup"] * images, bucket, steps, guidance, list(range(images)), observer))
         except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
             status = self.book.mark_failed(key, user_message(error))
             log.warning("warmup of %s %s %s failed: %s", spec.id, mode.value, bucket, status.error)
         return self.book.snapshot(key)
 
-    def _run_request(self, request: GenerationRequest, emit: Callable[[Any], None], stop: threading.Event) -> None:
-        loaded = self.pool.load(self.spec(request.model))
-        bucket = request.bucket
-        key = self.shape_key(loaded.spec, request.mode, bucket, request.guidance_scale)
-        mode_text = self.mode_description(request.mode)
-        for index in range(request.num_images):
-            if stop.is_set():
-                emit(Stopped(completed=index, reason="stopped"))
-                return
-            seed = request.seed + index
-            warm = self.book.is_warm(key)
-            previews = self._previews(loaded, bucket, self.config.preview_every if request.previews else 0)
-            observer = StepObserver(emit, index, request.num_inference_steps, stop, bucket, previews)
-            call = lambda: self._call_pipeline(loaded, request.mode, request.prompt, bucket,  # noqa: E731
-                                               request.num_inference_steps, request.guidance_scale, seed, observer,
-                                               request.negative_prompt)
-            started = time.perf_counter()
-            compiles_before = self.counter.count
-            try:
-                self._decode_guard.active = False
-                if warm:
-                    output = call()
-                else:
-                    emit(Compiling(resolution=str(bucket), mode=request.mode.value))
-                    output = self.book.compile_phase(key, call)
-            except DecodeSkipped:
-                output = None
-            finally:
-                self._decode_guard.active = False
-            if observer.interrupted or output is None:
-                emit(Stopped(completed=index, reason=f"stopped at step {observer.steps_done} of image {index + 1}"))
-                return
-            timings = image_timings(started, observer.last_step_at, time.perf_counter(), request.num_inference_steps,
-                                    self.counter.count - compiles_before)
-            parameters = image_parameters(request, seed, mode_text, self.device.badge,
-                                          type(loaded.pipeline.scheduler).__name__, timings, warm)
-            if warm:  # a first call's time includes compiling: not a speed figure
-                self.recent.add(TimedRun(loaded.spec.id, request.mode.value, str(bucket), request.num_inference_steps,
-                                         timings["denoise_seconds"], timings["steps_per_second"]))
-            image = output.images[0]
-            pngmeta.attach(image, parameters)
-            emit(ImageResult(index=index, image=image, seed=seed, parameters=parameters, timings=timings, warm=warm))
+    def _run_next_call(self) -> None:
+        """One device job: one pipeline call from the waiting images (nothing if none wait)."""
+        members = self._images.take(
+            self.max_batch,
+            usable=lambda shape, size: self.book.is_warm(self.shape_key(
+                self.spec(shape.model), ExecutionMode(shape.mode), shape.resolution, shape.guidance_scale, size)),
+            stopped=lambda pending: pending.finish(Stopped(completed=pending.completed, reason="stopped")))
+        if members:
+            self.calls_by_batch[len(members)] += 1
+            run_batch(self, members)
+
+
+def batched_call_inputs(loaded: LoadedModel, prompts: list[str], guidance: float, negatives: list[str]) -> dict[str, Any]:
+    """The prompt arguments of a call of ``len(prompts)`` images: one image's are exactly
+    ``LoadedModel.call_inputs``; for several, prompts become lists and (resident placement)
+    each image's cached embeddings are stacked along the batch dimension."""
+    per_image = [loaded.call_inputs(prompt, guidance, negative) for prompt, negative in zip(prompts, negatives)]
+    if len(per_image) == 1:
+        return per_image[0]
+    merged: dict[str, Any] = {}
+    for name, value in per_image[0].items():
+        values = [inputs[name] for inputs in per_image]
+        if isinstance(value, torch.Tensor):
+            merged[name] = torch.cat(values, dim=0)
+        elif name in ("prompt", "negative_prompt"):
+            merged[name] = values
+        else:
+            merged[name] = value  # guidance, sequence length: the same for the whole call
+    return merged

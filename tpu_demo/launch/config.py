@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from tpu_demo.core.buckets import Bucket, BucketError, parse_bucket_list
+from tpu_demo.core.buckets import BATCH_SIZES, Bucket, BucketError, parse_bucket_list
 from tpu_demo.core.catalog import CATALOG, Placement
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestLimits
@@ -86,6 +86,13 @@ def _buckets(text: str) -> tuple[Bucket, ...]:
         raise ValueError(str(error)) from None
 
 
+def _batch_size(text: str) -> int:
+    value = int(text)
+    if value not in BATCH_SIZES:
+        raise ValueError(f"must be one of: {', '.join(map(str, BATCH_SIZES))}")
+    return value
+
+
 def _choice(values: Sequence[str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in values:
@@ -131,6 +138,9 @@ class AppConfig:
     preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
     preview_seconds: float = flag(0.25, "and at most one preview per this many seconds (the first at once; 0: "
                                   "no time limit)", _non_negative_float)
+    max_batch: int = flag(1, "most images per pipeline call: waiting images of one shape (model, mode, bucket, "
+                          "steps, guidance) share a call at a warm static batch size 1, 2 or 4 up to this; "
+                          "each size is warmed like a bucket (1: no batching)", _batch_size)
     max_queue: int = flag(AdmissionLimits.max_waiting, "requests that may wait in the queue; more are told the "
                                                        "app is busy", _positive_int)
     max_images: int = flag(RequestLimits.max_images, "most images one request may ask for", _positive_int)

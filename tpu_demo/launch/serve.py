@@ -26,7 +26,7 @@ from tpu_demo.web.shutdown import stop_on_sigterm
 from tpu_demo.web.supervision import RequestSupervisor, SupervisionSettings
 from tpu_demo.web.handlers import PageHandlers, UiSettings
 from tpu_demo.web.history import SessionHistory
-from tpu_demo.web.page import GUARDED_APIS, build_page, launch_kwargs
+from tpu_demo.web.page import GENERATE_API, GUARDED_APIS, build_page, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
 
@@ -80,7 +80,15 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
         memory_budget_gb=config.memory_budget,
         preview_every=config.preview_every,
         preview_seconds=config.preview_seconds,
+        max_batch=config.max_batch,
     ), device, lockstep)
+
+
+def generate_concurrency(max_batch: int) -> int:
+    """Generate handlers that may run at once. The device thread alone serialises device work, so
+    more handlers than calls: while one batch runs, the next one's requests are validated and
+    waiting, and finished ones are encoded and streamed (admission still bounds the waiting)."""
+    return max(4, 2 * max_batch)
 
 
 def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
@@ -93,7 +101,7 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     first = start_model(config, models)
     settings = UiSettings(start_model=first, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
-        offered_modes=tuple(ExecutionMode)))
+        offered_modes=tuple(ExecutionMode)), generate_concurrency=generate_concurrency(engine.max_batch))
     supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
                                                        log_prompts=config.log_prompts))
     ui = PageHandlers(engine, settings, supervisor)
@@ -123,14 +131,27 @@ def hardening_app_kwargs(app: App) -> dict:
     limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
                              max_per_ip=app.config.max_per_ip)
     return {
-        "routes": health_routes(app.engine, lambda: gradio_queue.queue_length(app.demo), app.ui.supervisor.active,
+        # waiting = in Gradio's queue, or in a running handler that has not reached the device yet
+        "routes": health_routes(app.engine, lambda: waiting_requests(app),
+                                app.ui.supervisor.active,
                                 app.readiness),
         "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_names=GUARDED_APIS,
-                                  current_events=lambda: gradio_queue.pending_events(app.demo, GUARDED_APIS),
+                                  current_events=lambda: guarded_events(app),
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
                                       app.demo, fn_index, api_name))],
     }
+
+
+def guarded_events(app: App) -> list[gradio_queue.QueuedEvent]:
+    """The queue's generations and comparisons; a generation is ``running`` once on the device
+    (several generate handlers run at once, and a running one may still wait for the device)."""
+    return app.ui.device_view(gradio_queue.pending_events(app.demo, GUARDED_APIS), GENERATE_API)
+
+
+def waiting_requests(app: App) -> int:
+    """Generations not yet on the device: in Gradio's queue or in a handler still waiting for the device."""
+    return sum(1 for event in guarded_events(app) if not event.running)
 
 
 def serve(config: AppConfig) -> None:

@@ -85,11 +85,15 @@ class AdmissionLimits:
 
 
 def busy_reason(limits: AdmissionLimits, session_hash: str | None, client_host: str | None,
-                current: Iterable[QueuedEvent]) -> str | None:
-    """Why a new request from this client must wait its turn, or None to admit it."""
+                current: Iterable[QueuedEvent], device_waiting: int = 0) -> str | None:
+    """Why a new request from this client must wait its turn, or None to admit it.
+
+    ``device_waiting``: requests whose handler runs (Gradio counts them running) but none of
+    whose images has reached the device yet; they wait too.
+    """
     sessions: Counter[str] = Counter()
     hosts: Counter[str] = Counter()
-    waiting = 0
+    waiting = device_waiting
     for event in current:
         waiting += not event.running
         sessions[event.session_hash] += 1
@@ -138,13 +142,16 @@ class AdmissionMiddleware:
     """ASGI middleware in front of Gradio's ``/queue/join`` and ``/call/<api>`` routes.
 
     ``current_events`` returns the limited endpoint's requests the queue holds now; ``fn_ids``
-    its handler ids (the ``fn_index`` of a join). Joins that are being handed to Gradio but not
+    its handler ids (the ``fn_index`` of a join); ``device_waiting`` how many of the running
+    ones still wait for the device (several generate handlers run at once; the device thread
+    serialises their pipeline calls), so the queue bound keeps meaning "not yet on the device". Joins that are being handed to Gradio but not
     queued yet count too, so two joins that arrive together cannot both slip past.
     """
 
     def __init__(self, app: Callable, limits: AdmissionLimits, api_names: str | Collection[str],
                  current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]],
-                 event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None):
+                 event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None,
+                 device_waiting: Callable[[], int] = lambda: 0):
         self.app = app
         self.limits = limits
         #: every generation endpoint (generate, compare_modes): they share the device and one client's share
@@ -152,6 +159,7 @@ class AdmissionMiddleware:
         self.current_events = current_events
         self.fn_ids = fn_ids
         self.event_inputs = event_inputs
+        self.device_waiting = device_waiting
         self._joining: list[QueuedEvent] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -222,7 +230,8 @@ class AdmissionMiddleware:
         return not isinstance(fn_index, int) or fn_index in self.fn_ids()
 
     def _busy(self, session_hash: str | None, client_host: str | None) -> str | None:
-        return busy_reason(self.limits, session_hash, client_host, [*self.current_events(), *self._joining])
+        return busy_reason(self.limits, session_hash, client_host, [*self.current_events(), *self._joining],
+                           self.device_waiting())
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:

@@ -25,6 +25,9 @@ class QueuedEvent:
     session_hash: str
     client_host: str | None
     running: bool
+    #: Gradio's id of the event (``CurrentEvent.event_id`` inside its handler)
+    event_id: str | None = None
+    api_name: str | None = None
 
 
 def _queue(blocks: gr.Blocks | None) -> Any:
@@ -90,7 +93,8 @@ def pending_events(blocks: gr.Blocks, api_names: str | Collection[str]) -> Itera
         request = getattr(event, "request", None)
         client = getattr(request, "client", None)
         yield QueuedEvent(session_hash=str(getattr(event, "session_hash", "")),
-                          client_host=getattr(client, "host", None), running=is_running)
+                          client_host=getattr(client, "host", None), running=is_running,
+                          event_id=getattr(event, "_id", None), api_name=getattr(getattr(event, "fn", None), "api_name", None))
 
 
 def queue_length(blocks: gr.Blocks) -> int:

@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import gradio as gr
 from PIL import Image
@@ -22,19 +22,17 @@ from PIL import Image
 from tpu_demo.core import pngmeta
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, StepProgress, Stopped
-from tpu_demo.web.gradio_queue import CurrentEvent
+from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.web.admission import WarmupThrottle
+from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
 from tpu_demo.web.supervision import RequestSupervisor, StopReason
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
 
-#: Stop flags kept for sessions that clicked Generate; past this the oldest is forgotten (its run
-#: can then only be stopped by its time limit or disconnect), so a flood of invented sessions
-#: calling the unqueued click handler cannot grow memory without bound
-MAX_ARMED_SESSIONS = 10_000
+__all__ = ["MAX_ARMED_SESSIONS", "PageHandlers", "UiSettings"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +41,9 @@ class UiSettings:
     start_mode: ExecutionMode
     limits: RequestLimits
     status_refresh_seconds: float = 1.0
+    #: generate handlers running at once (Gradio's concurrency limit of the event); the engine's
+    #: device thread is what runs one pipeline call at a time
+    generate_concurrency: int = 1
 
 
 def example_prompts(spec: ModelSpec) -> list[str]:
@@ -118,8 +119,10 @@ class PageHandlers:
         self.settings = settings
         self.supervisor = supervisor or RequestSupervisor()
         self.warmup_throttle = warmup_throttle or WarmupThrottle()
-        self._stops: dict[str, threading.Event] = {}
-        self._stops_lock = threading.Lock()
+        self._stops = SessionStops()
+        #: queue events whose request has reached the device (the engine sent its first event)
+        self._reached: set[str] = set()
+        self._reached_lock = threading.Lock()
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
@@ -141,8 +144,13 @@ class PageHandlers:
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
+        reached_device = False
         try:
             for event in self.engine.generate(generation, stop):
+                if not reached_device and queued.event_id:
+                    reached_device = True
+                    with self._reached_lock:
+                        self._reached.add(queued.event_id)
                 run.observe(event)
                 if isinstance(event, Compiling):
                     progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
@@ -173,13 +181,22 @@ class PageHandlers:
             self.release_stop(request, stop)
             files.remove()
 
+    def device_view(self, events: Iterable[QueuedEvent], api_name: str) -> list[QueuedEvent]:
+        """The queue's events, those of the generate endpoint ``api_name`` ``running`` only once on the device.
+
+        Several generate handlers run at once and a running one may still wait for the device; the
+        queue bound counts it as waiting, as before handlers overlapped. An event counts as on the
+        device from its request's first engine event until Gradio lets it go.
+        """
+        events = list(events)
+        with self._reached_lock:
+            self._reached &= {e.event_id for e in events if e.running and e.event_id}  # forget events that ended
+            return [replace(e, running=e.running and e.event_id in self._reached) if e.api_name == api_name else e
+                    for e in events]
+
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's running generation at its next denoising step."""
-        session = self._session(request)
-        with self._stops_lock:
-            event = self._stops.get(session) if session is not None else None
-        if event is not None:
-            event.set()
+        self._stops.stop(self._session(request))
 
     def switch_model(self, model_id: Any, mode: Any, request: gr.Request = None):
         """A user picked another model: its defaults, and warm it in the background (see _warm)."""
@@ -269,15 +286,18 @@ class PageHandlers:
                  BucketState.WARM: "\u25cf warm", BucketState.FAILED: "\u2716 failed"}
         tones = {BucketState.COLD: "none", BucketState.COMPILING: "wait", BucketState.WARM: "ok", BucketState.FAILED: "bad"}
         icons = {state: f"<span class='bucket-state tone-{tones[state]}'>{text}</span>" for state, text in icons.items()}
-        # "batch": SD3-style CFG doubles the batch (its own graph); FluxPipeline's true CFG does not.
+        # "batch": the transformer's batch, images per call (--max-batch) times 2 where SD3-style CFG
+        # doubles it; one static shape, one graph. FluxPipeline's true CFG does not double it.
         lines = ["| bucket | mode | batch | state | compile s | graphs | from cache |", "|---|---|---|---|---|---|---|"]
         cached = {True: "yes", False: "no", None: "\u2013"}
         for b in rows:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
-            lines.append(f"| {b.resolution} | {b.mode} | {'2 (CFG)' if b.batch == 2 else b.batch} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
+            lines.append(f"| {b.resolution} | {b.mode} | {b.batch} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
         busy = "busy" if status.busy else "idle"
-        lines.append(f"\n{status.device} \u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
+        cfg = " (\u00d72 with classifier-free guidance)" if spec.cfg_doubles_batch else ""
+        lines.append(f"\nbatch = images per call{cfg}, up to {self.engine.max_batch} images \u00b7 {status.device} "
+                     f"\u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
 
     def arm_stop_and_pick_seed(self, seed: Any, randomize: Any, request: gr.Request = None) -> int:
@@ -309,28 +329,14 @@ class PageHandlers:
         return session if isinstance(session, str) and session else None
 
     def _new_stop(self, request: gr.Request | None) -> threading.Event:
-        event = threading.Event()
-        session = self._session(request)
-        if session is not None:
-            with self._stops_lock:
-                self._stops.pop(session, None)
-                self._stops[session] = event
-                while len(self._stops) > MAX_ARMED_SESSIONS:  # session hashes are caller-chosen: bound them
-                    del self._stops[next(iter(self._stops))]  # the oldest armed flag
-        return event
+        return self._stops.arm(self._session(request))
 
     def armed_stop(self, request: gr.Request | None) -> threading.Event:
-        """The flag armed at the click (API calls have none: they get a fresh one)."""
-        session = self._session(request)
-        with self._stops_lock:
-            event = self._stops.get(session) if session is not None else None
-        return event if event is not None else self._new_stop(request)
+        """The flag armed at the click, else a fresh one (API calls arm none); held until ``release_stop``."""
+        return self._stops.take(self._session(request))
 
     def release_stop(self, request: gr.Request | None, event: threading.Event) -> None:
-        session = self._session(request)
-        with self._stops_lock:
-            if session is not None and self._stops.get(session) is event:
-                del self._stops[session]
+        self._stops.release(self._session(request), event)
 
     @staticmethod
     def resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:

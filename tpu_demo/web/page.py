@@ -14,8 +14,10 @@ from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_prompts
 from tpu_demo.web.history import SessionHistory, history_gallery
 
-#: every generation shares this concurrency id: the device runs one at a time
+#: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
 DEVICE_CONCURRENCY_ID = "device"
+#: one comparison at a time (it runs the request in every mode), beside the generate handlers
+COMPARE_CONCURRENCY_ID = "compare"
 #: the public endpoint (gradio_client: api_name="/generate")
 GENERATE_API = "generate"
 #: every endpoint that runs the device: admission limits apply to them together
@@ -100,7 +102,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs=inputs, outputs=[gallery], api_name=GENERATE_API, preprocess=False,
-            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
+            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         generation.success(history.add, [gallery], [history_view], api_visibility="private", queue=False)
         comparison = compare_button.click(
@@ -109,7 +111,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         ).then(
             comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed],
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
-            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=1,
+            # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
+            # handler again; the engine's device thread still runs one pipeline call at a time
+            concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
         )
         comparison.success(history.add, [compare_gallery], [history_view], api_visibility="private", queue=False)
         model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),

@@ -69,7 +69,7 @@ class ReadinessCheck:
     def _current(self) -> Readiness:
         if not self.warmup:
             return Readiness(True, "ready: warmup is off (--no-warmup); buckets compile on first use")
-        configured = len(self.engine.spec(self.model).buckets)
+        configured = len(self.engine.configured_shapes(self.model, self.mode))  # every bucket x batch size
         buckets = self.engine.buckets_for(self.model, self.mode)[:configured]  # configured ones come first
         loaded = self.model in self.engine.status().models
         return bucket_readiness(buckets, loaded, self.model, self.mode.value)

@@ -1,0 +1,194 @@
+"""Throughput under load: 1, 4 and 16 clients, batching off and on, against back-to-back bare calls.
+
+``python -m benchmarks.throughput`` starts the real app (tiny-flux, 64x64, 4 steps, compiled,
+``--max-batch 4``, every batch size warm), then in rounds runs each configuration once, in an
+order that rotates every round (interleaved, so machine load hits all alike), plus a block of
+back-to-back bare pipeline calls on the same warm pipeline. "Batching off" is the same app with
+the engine's largest batch set to 1 (handlers still overlap); "on" lets waiting images of one
+shape share a call of 2 or 4. The clients run in another process (benchmarks/load_clients.py).
+Reported: images/min, the ratio to the bare calls' images/min, p50/p95 latency per request as
+a client saw it, and the machine's load average. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "a lighthouse on a cliff at sunset, oil painting"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def run_clients(url: str, clients: int, requests: int, fields: dict[str, Any]) -> dict[str, Any]:
+    """One burst: ``clients`` visitors in another process, ``requests`` each, back to back."""
+    command = [sys.executable, "-m", "benchmarks.load_clients", "--url", url, "--clients", str(clients),
+               "--requests", str(requests), "--fields", json.dumps(fields)]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready = process.stdout.readline()
+        if ready.strip() != "READY":
+            raise RuntimeError(f"load clients did not start: {ready!r}")
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        line = process.stdout.readline()
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return json.loads(line)
+
+
+def bare_block(bare_call: Callable[[int], Any], images: int) -> float:
+    """Seconds for ``images`` back-to-back bare pipeline calls."""
+    started = time.perf_counter()
+    for seed in range(images):
+        bare_call(seed)
+    return time.perf_counter() - started
+
+
+def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Callable[[int], Any],
+                 clients: Sequence[int] = (1, 4, 16), requests_per_client: int = 3, rounds: int = 3,
+                 max_batch: int = 4) -> dict[str, Any]:
+    """Every (clients, batching) configuration ``rounds`` times, interleaved, plus bare blocks."""
+    configs = [(n, batch) for n in clients for batch in (1, max_batch)]
+    totals = {config: {"seconds": 0.0, "images": 0, "latencies": [], "errors": []} for config in configs}
+    bare_seconds = bare_images = 0.0
+    load = []
+    for round_index in range(rounds):
+        order = configs[round_index % len(configs):] + configs[:round_index % len(configs)]
+        if round_index % 2:
+            order.reverse()
+        n_bare = 4 * requests_per_client
+        bare_seconds += bare_block(bare_call, n_bare)
+        bare_images += n_bare
+        for n, batch in order:
+            engine.set_max_batch(batch)
+            burst = run_clients(url, n, requests_per_client, fields)
+            total = totals[(n, batch)]
+            total["seconds"] += burst["seconds"]
+            total["images"] += burst["images"]
+            total["latencies"] += burst["latencies"]
+            total["errors"] += burst["errors"]
+        load.append(os.getloadavg()[0])
+    engine.set_max_batch(max_batch)
+    bare_per_minute = 60 * bare_images / bare_seconds
+    rows = {}
+    for (n, batch), total in totals.items():
+        per_minute = 60 * total["images"] / total["seconds"]
+        rows[f"{n}_clients_batch_{batch}"] = {
+            "clients": n, "max_batch": batch, "images_per_minute": round(per_minute, 1),
+            "ratio_to_bare": round(per_minute / bare_per_minute, 3), "images": total["images"],
+            "p50_latency_s": round(percentile(total["latencies"], 0.5), 3),
+            "p95_latency_s": round(percentile(total["latencies"], 0.95), 3), "errors": total["errors"][:5],
+            "error_count": len(total["errors"])}
+    on, off = max_batch, 1
+
+    def ipm(n: int, batch: int) -> float:
+        return rows[f"{n}_clients_batch_{batch}"]["images_per_minute"]
+
+    return {"configs": rows, "bare_images_per_minute": round(bare_per_minute, 1), "rounds": rounds,
+            "requests_per_client": requests_per_client, "load_average_per_round": [round(x, 2) for x in load],
+            "calls_by_batch": dict(engine.calls_by_batch),
+            "four_clients_vs_one_batching_on": round(ipm(4, on) / ipm(1, on), 3) if 1 in clients and 4 in clients else None,
+            "four_clients_vs_one_batching_off": round(ipm(4, off) / ipm(1, off), 3) if 1 in clients and 4 in clients else None}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["| clients | max batch | images/min | / bare calls | p50 latency | p95 latency | errors |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["configs"].values():
+        lines.append(f"| {row['clients']} | {row['max_batch']} | {row['images_per_minute']:.0f} | "
+                     f"{row['ratio_to_bare']:.2f}x | {row['p50_latency_s'] * 1000:.0f} ms | "
+                     f"{row['p95_latency_s'] * 1000:.0f} ms | {row['error_count']} |")
+    lines.append(f"\nbare back-to-back calls: {result['bare_images_per_minute']:.0f} images/min; 4 clients / 1 client: "
+                 f"{result['four_clients_vs_one_batching_on']}x batching on, {result['four_clients_vs_one_batching_off']}x "
+                 f"off; load average per round {result['load_average_per_round']}; calls by batch size "
+                 f"{result['calls_by_batch']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-flux")
+    parser.add_argument("--resolution", default="64x64")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--mode", default="compiled")
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--output", default=None, help="write the JSON result here")
+    args = parser.parse_args(argv)
+
+    import tempfile
+
+    import tpu_demo  # noqa: F401 - offline defaults before gradio/hub imports
+    from tpu_demo.engine.compile_cache import use_compile_cache
+
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="tpu-demo-throughput-")
+    use_compile_cache(cache_dir)
+    import torch
+
+    from benchmarks.run import _free_port
+    from tpu_demo.core.buckets import Bucket
+    from tpu_demo.core.modes import ExecutionMode
+    from tpu_demo.device import execution_mode, synchronize
+    from tpu_demo.launch.config import parse_config
+    from tpu_demo.launch.serve import build_app, launch
+
+    port = _free_port()
+    flags = ["--port", str(port), "--cache-dir", cache_dir, "--model", args.model, "--models", args.model,
+             "--buckets", args.resolution, "--mode", args.mode, "--compile-backend", args.compile_backend,
+             "--no-warmup", "--max-batch", str(args.max_batch), "--max-per-ip", "0", "--max-queue", "64",
+             "--threads", str(args.threads)]
+    app = build_app(parse_config(flags, environ={}))
+    launch(app, prevent_thread_lock=True, quiet=True)
+    try:
+        mode, bucket = ExecutionMode(args.mode), Bucket.parse(args.resolution)
+        warmed = app.engine.warmup(args.model, mode, buckets=(bucket,))
+        print(f"[throughput] warm: {[(s.batch, s.state.value, s.compile_seconds) for s in warmed]}", file=sys.stderr)
+        spec, pipeline = app.engine.spec(args.model), app.engine.load(args.model)
+
+        def bare_call(seed: int) -> Any:
+            with execution_mode(mode, app.engine.device), torch.inference_mode():
+                output = pipeline(prompt=PROMPT, height=bucket.height, width=bucket.width,
+                                  num_inference_steps=args.steps, generator=torch.Generator("cpu").manual_seed(seed),
+                                  **spec.pipeline_kwargs(spec.default_guidance))
+                synchronize(app.engine.device)
+            return output.images[0]
+
+        fields = dict(prompt=PROMPT, model=args.model, mode=args.mode, resolution=args.resolution,
+                      num_inference_steps=args.steps, guidance_scale=spec.default_guidance, num_images=1,
+                      previews=False)
+        result = measure_load(f"http://127.0.0.1:{port}/", app.engine, fields, bare_call,
+                              tuple(int(n) for n in args.clients.split(",")), args.requests_per_client, args.rounds,
+                              args.max_batch)
+    finally:
+        app.demo.close()
+        app.engine.close()
+    result.update(model=args.model, resolution=args.resolution, steps=args.steps, mode=args.mode,
+                  compile_backend=args.compile_backend, threads=args.threads, cpu_count=os.cpu_count())
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
