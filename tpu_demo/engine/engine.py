@@ -323,7 +323,7 @@ class Engine:
                 height=bucket.height, width=bucket.width, num_inference_steps=steps,
                 generator=generators if len(generators) > 1 else generators[0],
                 callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **batched_call_inputs(loaded, prompts, guidance, negatives))
+                **loaded.batch_call_inputs(prompts, guidance, negatives))
             synchronize(self.device)
         if observer.final_latents is not None and not observer.interrupted:
             loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
@@ -386,22 +386,3 @@ class Engine:
         if members:
             self.calls_by_batch[len(members)] += 1
             run_batch(self, members)
-
-
-def batched_call_inputs(loaded: LoadedModel, prompts: list[str], guidance: float, negatives: list[str]) -> dict[str, Any]:
-    """The prompt arguments of a call of ``len(prompts)`` images: one image's are exactly
-    ``LoadedModel.call_inputs``; for several, prompts become lists and (resident placement)
-    each image's cached embeddings are stacked along the batch dimension."""
-    per_image = [loaded.call_inputs(prompt, guidance, negative) for prompt, negative in zip(prompts, negatives)]
-    if len(per_image) == 1:
-        return per_image[0]
-    merged: dict[str, Any] = {}
-    for name, value in per_image[0].items():
-        values = [inputs[name] for inputs in per_image]
-        if isinstance(value, torch.Tensor):
-            merged[name] = torch.cat(values, dim=0)
-        elif name in ("prompt", "negative_prompt"):
-            merged[name] = values
-        else:
-            merged[name] = value  # guidance, sequence length: the same for the whole call
-    return merged

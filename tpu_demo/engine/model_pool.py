@@ -46,6 +46,24 @@ class LoadedModel:
             return {"prompt": prompt, **self.spec.pipeline_kwargs(guidance, negative_prompt)}
         return self.prompt_encoder.call_inputs(prompt, guidance, self.pipeline.transformer.device, negative_prompt)
 
+    def batch_call_inputs(self, prompts: list[str], guidance: float, negatives: list[str]) -> dict[str, Any]:
+        """The prompt arguments of a call of ``len(prompts)`` images: one image's are exactly
+        ``call_inputs``; for several, prompts become lists and (resident placement) each image's
+        cached embeddings are stacked along the batch dimension."""
+        per_image = [self.call_inputs(prompt, guidance, negative) for prompt, negative in zip(prompts, negatives)]
+        if len(per_image) == 1:
+            return per_image[0]
+        merged: dict[str, Any] = {}
+        for name, value in per_image[0].items():
+            values = [inputs[name] for inputs in per_image]
+            if isinstance(value, torch.Tensor):
+                merged[name] = torch.cat(values, dim=0)
+            elif name in ("prompt", "negative_prompt"):
+                merged[name] = values
+            else:
+                merged[name] = value  # guidance, sequence length: the same for the whole call
+        return merged
+
 
 @dataclass(frozen=True)
 class PoolSettings:
