@@ -119,6 +119,21 @@ http {{
             assert self.nginx.poll() is None and time.monotonic() < deadline, self.nginx.stderr.read()
             time.sleep(0.05)
 
+    def answers(self, path: str) -> bool:
+        """Whether a new visitor (no cookie) gets 200 for ``path`` through nginx."""
+        try:
+            return httpx.get(self.url + path, timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def pins(self, address: str) -> bool:
+        """Whether a visitor whose cookie names ``address`` is sent straight there (no new cookie)."""
+        try:
+            response = httpx.get(self.url + "gradio_api/info", cookies={"tpu_demo_replica": address}, timeout=10)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200 and "set-cookie" not in response.headers
+
     def listed_up(self) -> set[str]:
         return {line.split()[1] for line in self.upstreams.read_text().splitlines()
                 if line.startswith("server ") and not line.rstrip(";").endswith("down")}
@@ -147,6 +162,10 @@ def cluster(tmp_path_factory):
         # generous: on a shared 2-core machine under load a start-up has taken minutes
         _wait(lambda: balancer.listed_up() == {replicas["a"].address, replicas["b"].address}, 600,
               "replicas a and b to be ready and listed")
+        # the list is written before nginx's reload takes effect (old workers finish with the old one):
+        # wait until fresh visitors really reach a replica through nginx
+        _wait(lambda: all(balancer.answers("gradio_api/info") for _ in range(4)), 60,
+              "nginx to route visitors to the ready replicas")
         yield balancer, replicas
     finally:
         balancer.close()
@@ -293,7 +312,8 @@ def test_a_replica_that_is_not_ready_receives_no_generation(cluster):
     # once ready, the sync lists it: the cookie naming it reaches it, pinned visitors stay where they are,
     # and new visitors reach it too
     _wait(lambda: c.address in balancer.listed_up(), 600, "replica c to be listed once ready")
-    time.sleep(0.5)  # the reload's new workers take over
+    # the reload's new workers take over: a cookie naming c is then pinned (nginx sets no new cookie)
+    _wait(lambda: balancer.pins(c.address), 60, "nginx's reloaded workers to pin cookies naming c")
     assert _generate(forged, replicas, seed=5000) == "c"
     after = [_generate(client, replicas, seed=5100 + i) for i, (client, _) in enumerate(visitors)]
     assert after == [name for _, name in visitors]
