@@ -53,17 +53,30 @@ def parse_args(argv=None):
     p.add_argument("--output", type=Path, default=Path("assets/models/tiny-shapes"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--num-images", type=int, default=12000)
+    p.add_argument("--buckets", type=str, default="64x64,128x128,96x64,64x96",
+                   help="canvases WIDTHxHEIGHT to train on (the catalog's buckets; the first is the default)")
+    p.add_argument("--num-images", type=str, default="6000,3000,4000,4000",
+                   help="scenes rendered per bucket (one number for every bucket, or one per bucket)")
+    p.add_argument("--bucket-weights", type=str, default="0.25,0.35,0.2,0.2",
+                   help="share of the transformer steps spent on each bucket (one batch = one bucket)")
+    p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-full-steps", type=int, default=200,
-                   help="the last N VAE steps see whole 64x64 images; the ones before see --vae-crop crops")
+                   help="the last N VAE steps see whole images (the buckets in turn, batch scaled by area); "
+                        "the ones before see --vae-crop crops")
     p.add_argument("--vae-crop", type=int, default=32, help="side of the random crops of the first VAE steps")
     p.add_argument("--vae-batch-size", type=int, default=32)
     p.add_argument("--vae-lr", type=float, default=2e-3)
-    p.add_argument("--no-bf16", dest="bf16", action="store_false",
-                   help="train the VAE in float32 (default: bfloat16 autocast, 1.5x faster on AVX512-BF16 CPUs)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
+                        "its VAE (and latent shift/scale) is kept as is, the transformer and text encoders are trained on")
+    p.add_argument("--latent-channels", type=int, default=4, help="VAE latent channels (the transformer takes 4x as many)")
+    p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE (use with --save-vae)")
+    p.add_argument("--bf16", action="store_true",
+                   help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
     p.add_argument("--steps", type=int, default=7000, help="transformer steps")
-    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--batch-sizes", type=str, default="32,16,24,24",
+                   help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--object-weight", type=float, default=4.0,
@@ -101,17 +114,35 @@ class Logger:
         self.file.flush()
 
 
-def train_vae(vae, images: np.ndarray, args, log, gen: torch.Generator):
+def per_bucket(text: str, count: int, kind=int) -> list:
+    """"12000" or "12000,6000,..." -> one value per bucket."""
+    values = [kind(v) for v in str(text).split(",") if v.strip()]
+    if len(values) == 1:
+        values *= count
+    if len(values) != count:
+        raise SystemExit(f"expected 1 or {count} comma-separated values, got {text!r}")
+    return values
+
+
+def train_vae(vae, images: list[np.ndarray], args, log, gen: torch.Generator):
+    """Crop steps take crops of every bucket's images in turn (the VAE is convolutional: a 32x32 crop
+    costs a quarter of a 64x64 image); full steps take whole images of each bucket in turn, the batch
+    scaled by the image area (so each costs about as much as a 64x64 batch)."""
     vae.train()
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     bar = tqdm(range(args.vae_steps), desc="vae", dynamic_ncols=True, mininterval=5)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.vae_steps, args.vae_lr)
-        idx = torch.randint(0, len(images), (args.vae_batch_size,), generator=gen)
-        x = to_tensor(images[idx.numpy()])
-        if step < args.vae_steps - args.vae_full_steps:  # the VAE is convolutional: crops cost 4x less
-            top, left = torch.randint(0, x.shape[-1] - args.vae_crop + 1, (2,), generator=gen).tolist()
+        bucket = images[step % len(images)]
+        full = step >= args.vae_steps - args.vae_full_steps
+        height, width = bucket.shape[1:3]
+        batch = max(4, round(args.vae_batch_size * 64 * 64 / (height * width))) if full else args.vae_batch_size
+        idx = torch.randint(0, len(bucket), (batch,), generator=gen)
+        x = to_tensor(bucket[idx.numpy()])
+        if not full:
+            top = int(torch.randint(0, height - args.vae_crop + 1, (1,), generator=gen))
+            left = int(torch.randint(0, width - args.vae_crop + 1, (1,), generator=gen))
             x = x[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             posterior = vae.encode(x).latent_dist
@@ -123,7 +154,7 @@ def train_vae(vae, images: np.ndarray, args, log, gen: torch.Generator):
         loss.backward()
         opt.step()
         if step % args.log_every == 0 or step == args.vae_steps - 1:
-            log(stage="vae", step=step, loss=loss.item(), mse=mse.item(), kl=kl.item())
+            log(stage="vae", step=step, loss=loss.item(), mse=mse.item(), kl=kl.item(), full=full)
             bar.set_postfix(mse=f"{mse.item():.4f}")
     vae.eval()
 
@@ -197,8 +228,10 @@ def save_pipeline(pipe, path: Path) -> None:
     (path / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
 
 
-def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, clip_ids, t5_ids, rows, img_ids,
-                      txt_ids, args, log, gen: torch.Generator) -> Trainable:
+def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, args, log,
+                      gen: torch.Generator) -> Trainable:
+    """``buckets``: per canvas, ``packed`` latents, ``token_weights``, caption ``rows``, ``img_ids``,
+    ``batch`` size and ``weight`` (share of the steps). Each step draws one bucket, then a batch of it."""
     model = Trainable(pipe.transformer, Conditioning(pipe.text_encoder, pipe.text_encoder_2))
     model.train()
     model.conditioning.eval()  # no dropout in T5: the conditioning is deterministic, as at inference
@@ -209,24 +242,27 @@ def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, c
     # Sigmas of the pipeline's own scheduler (its 1000 training timesteps, shift applied).
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     sigmas_table = scheduler.sigmas[: scheduler.config.num_train_timesteps].clone()
+    bucket_p = torch.tensor([b["weight"] for b in buckets], dtype=torch.float64)
     bar = tqdm(range(args.steps), desc="transformer", dynamic_ncols=True, mininterval=5)
     running = None
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        idx = torch.randint(0, len(packed), (args.batch_size,), generator=gen)
-        x0 = packed[idx]
-        r = torch.where(torch.rand(args.batch_size, generator=gen) < args.caption_dropout, 0, rows[idx])
-        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (args.batch_size,), generator=gen)]
+        bucket = buckets[int(torch.multinomial(bucket_p, 1, generator=gen))]
+        batch = bucket["batch"]
+        idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
+        x0 = bucket["packed"][idx]
+        r = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
+        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1)
         xt = (1 - s) * x0 + s * noise
         with torch.set_grad_enabled(not args.freeze_text_encoders):
             embeds, pooled = model.conditioning(clip_ids[r], t5_ids[r])
         pred = model.transformer(hidden_states=xt, timestep=sigma, pooled_projections=pooled,
-                                 encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids,
+                                 encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=bucket["img_ids"],
                                  return_dict=False)[0]
-        weights = token_weights[idx]
+        weights = bucket["token_weights"][idx]
         loss = ((pred - (noise - x0)) ** 2).mean(-1).mul(weights).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -238,7 +274,8 @@ def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, c
                 pe.lerp_(pt, 1 - decay)
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % args.log_every == 0 or step == args.steps - 1:
-            log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"])
+            log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"],
+                bucket=bucket["name"])
             bar.set_postfix(loss=f"{running:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             ckpt = args.output.with_name(args.output.name + ".ckpt")
@@ -259,41 +296,66 @@ def main(argv=None):
     timings = {}
     t0 = time.perf_counter()
 
-    pipe = build_shapes_pipeline(seed=args.seed)
-    data = shapes_dataset.generate(args.num_images, seed=args.seed)
-    images = np.stack([d[0] for d in data])
-    captions = [d[1] for d in data]
-    scenes = [d[2] for d in data]
+    if args.init_from:
+        from diffusers import FluxPipeline
+
+        pipe = FluxPipeline.from_pretrained(args.init_from, dtype=torch.float32, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+    else:
+        pipe = build_shapes_pipeline(seed=args.seed, latent_channels=args.latent_channels)
+    sizes = [tuple(int(v) for v in label.lower().split("x")) for label in args.buckets.split(",") if label.strip()]
+    counts = per_bucket(args.num_images, len(sizes))
+    batches = per_bucket(args.batch_sizes, len(sizes))
+    shares = per_bucket(args.bucket_weights, len(sizes), float)
+    data = []  # per bucket: (uint8 images, captions, scenes); bucket i renders from seed + 1000 i
+    for i, (size, count) in enumerate(zip(sizes, counts)):
+        rendered = shapes_dataset.generate(count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob,
+                                           size=size)
+        data.append((np.stack([d[0] for d in rendered]), [d[1] for d in rendered], [d[2] for d in rendered]))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
     if args.load_vae:
         pipe.vae.load_state_dict(torch.load(args.load_vae))
         pipe.vae.eval()
+    elif args.init_from:
+        pipe.vae.eval()
     else:
-        train_vae(pipe.vae, images, args, log, vae_gen)
+        train_vae(pipe.vae, [d[0] for d in data], args, log, vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
     timings["vae_s"] = time.perf_counter() - t
+    if args.vae_only:
+        print(json.dumps(timings))
+        return
 
     t = time.perf_counter()
-    latents = encode_images(pipe.vae, images)
-    shift, scale = latents.mean().item(), 1.0 / latents.std().item()
+    latents = [encode_images(pipe.vae, images) for images, _, _ in data]
+    flat = torch.cat([lat.flatten() for lat in latents])
+    shift, scale = flat.mean().item(), 1.0 / flat.std().item()
+    if args.init_from and not args.load_vae:  # the transformer learned the VAE's existing normalisation
+        shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
     pipe.vae.register_to_config(shift_factor=shift, scaling_factor=scale)
-    latents = (latents - shift) * scale
-    b, c, h, w = latents.shape
-    packed = pipe._pack_latents(latents, b, c, h, w)
-    token_weights = object_token_weights(images, scenes, images.shape[1] // (w // 2), args.object_weight)
-    img_ids = pipe._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32)
-    unique, clip_ids, t5_ids, rows = tokenize_captions(pipe, captions)
+    unique, clip_ids, t5_ids, rows = tokenize_captions(pipe, [c for _, captions, _ in data for c in captions])
+    token_pixels = pipe.vae_scale_factor * 2  # a packed token is 2x2 latent pixels
+    buckets, offset = [], 0
+    for (width, height), (images, captions, scenes), lat, batch, share in zip(sizes, data, latents, batches, shares):
+        lat = (lat - shift) * scale
+        b, c, h, w = lat.shape
+        buckets.append(dict(
+            name=f"{width}x{height}", packed=pipe._pack_latents(lat, b, c, h, w),
+            token_weights=object_token_weights(images, scenes, token_pixels, args.object_weight),
+            img_ids=pipe._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32),
+            rows=rows[offset:offset + b], batch=batch, weight=share))
+        offset += b
+    del data, latents
     txt_ids = torch.zeros(MAX_SEQUENCE_LENGTH, 3)
     timings["encode_s"] = time.perf_counter() - t
-    log(stage="latents", shift_factor=shift, scaling_factor=scale, shape=list(latents.shape),
-        unique_captions=len(unique))
+    log(stage="latents", shift_factor=shift, scaling_factor=scale, buckets=[b["name"] for b in buckets],
+        tokens=[b["packed"].shape[1] for b in buckets], unique_captions=len(unique))
 
     t = time.perf_counter()
-    ema = train_transformer(pipe, packed, token_weights, clip_ids, t5_ids, rows, img_ids, txt_ids, args, log,
-                            transformer_gen)
+    ema = train_transformer(pipe, buckets, clip_ids, t5_ids, txt_ids, args, log, transformer_gen)
     pipe = pipeline_with(pipe, ema)
     pipe.set_progress_bar_config(disable=True)
     timings["transformer_s"] = time.perf_counter() - t

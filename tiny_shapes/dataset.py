@@ -1,11 +1,17 @@
 """Synthetic captioned scenes of simple shapes, for the tiny text-to-image model in ``assets/``.
 
-A scene is a 64x64 RGB image of one or two shapes (circle, square, triangle) in a named colour,
+A scene is an RGB image of one or two shapes (circle, square, triangle) in a named colour,
 size and position on a plain named background, with a caption built from a small grammar::
 
     a small red circle at the top left on a white background
     a large blue square in the center on a gray background
     a small green triangle at the top right and a small yellow circle at the bottom left on a black background
+
+The same caption can be drawn on any canvas (:data:`CANVASES`: 64x64, 128x128, 96x64, 64x96;
+"WIDTHxHEIGHT"). Positions are fractions of the canvas (the quadrant centres at a quarter and
+three quarters of each side, or its centre), and sizes scale with the canvas's shorter side
+(14 / 26 px on a 64 px side): on 96x64 "top left" is the centre of the left half's top quarter,
+(24, 16), and a large shape is 26 px, as on 64x64; on 128x128 everything is twice the 64x64 scene.
 
 Everything is generated from a seed (no files). A fixed rule holds out some (colour, shape,
 position) combinations: no training scene ever contains them, and :func:`held_out_prompts`
@@ -21,6 +27,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 IMAGE_SIZE = 64
+#: Canvases (width, height) the model is trained and evaluated on; the first is the default.
+CANVASES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (96, 64), (64, 96))
 
 #: Named colours and their RGB values. Objects use OBJECT_COLOURS, backgrounds BACKGROUNDS.
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -38,7 +46,8 @@ OBJECT_COLOURS = ("red", "green", "blue", "yellow", "orange", "purple", "white",
 BACKGROUNDS = ("white", "black", "gray")
 SHAPES = ("circle", "square", "triangle")
 SIZES = ("small", "large")
-#: Position name -> (caption phrase, centre x, centre y).
+#: Position name -> (caption phrase, centre x, centre y) on the 64x64 canvas; on any canvas the
+#: centre is the same fraction of its width and height (:func:`layout`).
 POSITIONS: dict[str, tuple[str, int, int]] = {
     "top left": ("at the top left", 16, 16),
     "top right": ("at the top right", 48, 16),
@@ -47,7 +56,7 @@ POSITIONS: dict[str, tuple[str, int, int]] = {
     "center": ("in the center", 32, 32),
 }
 POSITION_NAMES = tuple(POSITIONS)
-#: Bounding-box side in pixels, per size word.
+#: Bounding-box side in pixels on a 64 px shorter side, per size word.
 SIDE = {"small": 14, "large": 26}
 JITTER = 2
 
@@ -134,16 +143,33 @@ def parse_caption(caption: str) -> Scene:
     return scene
 
 
-def render(scene: Scene, rng: random.Random | None = None) -> Image.Image:
-    """Draw ``scene`` (with a small random jitter of each object's centre when ``rng`` is given)."""
-    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), PALETTE[scene.background])
+def scale_of(size: tuple[int, int]) -> float:
+    """Pixels per 64x64-canvas pixel on a ``(width, height)`` canvas: its shorter side / 64."""
+    return min(size) / IMAGE_SIZE
+
+
+def layout(position: str, object_size: str, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> tuple[int, int, int]:
+    """``(centre x, centre y, side)`` in pixels of an object on a ``(width, height)`` canvas.
+
+    The centre is at the same fraction of the canvas as on 64x64 (quadrant centres at 1/4 and 3/4
+    of each side, or the middle); the side scales with the canvas's shorter side.
+    """
+    width, height = size
+    _, x, y = POSITIONS[position]
+    return round(x * width / IMAGE_SIZE), round(y * height / IMAGE_SIZE), round(SIDE[object_size] * scale_of(size))
+
+
+def render(scene: Scene, rng: random.Random | None = None, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> Image.Image:
+    """Draw ``scene`` on a ``(width, height)`` canvas (with a small random jitter of each object's
+    centre, scaled with the canvas, when ``rng`` is given)."""
+    image = Image.new("RGB", tuple(size), PALETTE[scene.background])
     draw = ImageDraw.Draw(image)
+    jitter = round(JITTER * scale_of(size))
     for obj in scene.objects:
-        _, cx, cy = POSITIONS[obj.position]
+        cx, cy, side = layout(obj.position, obj.size, size)
         if rng is not None:
-            cx += rng.randint(-JITTER, JITTER)
-            cy += rng.randint(-JITTER, JITTER)
-        side = SIDE[obj.size]
+            cx += rng.randint(-jitter, jitter)
+            cy += rng.randint(-jitter, jitter)
         x0, y0 = cx - side // 2, cy - side // 2
         x1, y1 = x0 + side - 1, y0 + side - 1
         fill = PALETTE[obj.colour]
@@ -180,11 +206,53 @@ def sample_scene(rng: random.Random, two_shape_prob: float = 0.25) -> Scene:
     return Scene(background, objects)
 
 
-def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25) -> list[tuple[np.ndarray, str, Scene]]:
-    """``n`` training examples ``(uint8 HxWx3 image, caption, scene)``, deterministic from ``seed``."""
+def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25,
+             size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> list[tuple[np.ndarray, str, Scene]]:
+    """``n`` training examples ``(uint8 HxWx3 image, caption, scene)`` on a ``(width, height)``
+    canvas, deterministic from ``seed``."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         scene = sample_scene(rng, two_shape_prob)
-        out.append((np.asarray(render(scene, rng)), scene.caption, scene))
+        out.append((np.asarray(render(scene, rng, size)), scene.caption, scene))
     return out
+
+
+def _two_shape_scenes(triples) -> list[Scene]:
+    """Every two-shape scene of two of ``triples`` (colour, shape, position): different positions and
+    colours, first object the earlier position in POSITION_NAMES; sizes as the training scenes allow
+    (both small when one is in the centre), the first background differing from both colours."""
+    scenes = []
+    for i, (c1, s1, p1) in enumerate(triples):
+        for c2, s2, p2 in triples[i + 1:]:
+            if p1 == p2 or c1 == c2:
+                continue
+            if POSITION_NAMES.index(p1) > POSITION_NAMES.index(p2):
+                (c1, s1, p1), (c2, s2, p2) = (c2, s2, p2), (c1, s1, p1)
+            sizes = [("small", "small")] if "center" in (p1, p2) else [(a, b) for a in SIZES for b in SIZES]
+            background = next(b for b in BACKGROUNDS if b not in (c1, c2))
+            for a, b in sizes:
+                scenes.append(Scene(background, (ShapeSpec(c1, s1, p1, a), ShapeSpec(c2, s2, p2, b))))
+    return scenes
+
+
+def _spread(scenes: list[Scene], count: int) -> list[Scene]:
+    """``count`` scenes spread evenly over ``scenes`` (a fixed, deterministic choice)."""
+    if len(scenes) <= count:
+        return scenes
+    return [scenes[int(i * len(scenes) / count)] for i in range(count)]
+
+
+def held_out_two_shape_prompts(count: int = 100) -> list[Scene]:
+    """Two-shape scenes whose **both** objects are held-out triples (so no training scene contains
+    either object), of two different colours: ``count`` of them, spread over all such scenes."""
+    triples = [(c, s, p) for c in OBJECT_COLOURS for s in SHAPES for p in POSITION_NAMES if is_held_out(c, s, p)]
+    return _spread(_two_shape_scenes(triples), count)
+
+
+def tuning_two_shape_prompts(count: int = 100) -> list[Scene]:
+    """Two-shape scenes of trained triples only (the two-shape judge's and the guidance's tuning set)."""
+    triples = [(c, s, p) for c in OBJECT_COLOURS for s in SHAPES for p in POSITION_NAMES if not is_held_out(c, s, p)]
+    rng = random.Random(1234)
+    rng.shuffle(triples)
+    return _spread(_two_shape_scenes(triples[:40]), count)
