@@ -14,7 +14,8 @@ import pytest
 
 from tiny_shapes import dataset as sd
 from tpu_demo.core.catalog import get_spec
-from tiny_shapes.judge import METRICS, TARGETS, analyze, evaluate_pipeline, score
+from tiny_shapes.judge import (METRICS, TARGETS, TWO_SHAPE_METRICS, analyze, evaluate_pipeline, find_objects,
+                               judge_image, score)
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "models" / "tiny-shapes"
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "tiny_shapes_prompts.txt"
@@ -28,16 +29,26 @@ def test_generator_is_deterministic():
     assert a[0][0].shape == (64, 64, 3) and a[0][0].dtype == np.uint8
 
 
-def test_captions_match_pixels():
+@pytest.mark.parametrize("size", sd.CANVASES)
+def test_captions_match_pixels(size):
+    """On every canvas, the strict judges read back every training scene's caption (one or two shapes)."""
     checked = 0
-    for image, caption, scene in sd.generate(400, seed=11):
+    for image, caption, scene in sd.generate(120, seed=11, two_shape_prob=0.5, size=size):
+        assert image.shape == (size[1], size[0], 3)
         assert sd.parse_caption(caption) == scene
         assert set(caption.split()) <= set(sd.VOCABULARY)
-        if len(scene.objects) == 1:
-            result = score(scene, analyze(image))
-            assert all(result.values()), (caption, result)
-            checked += 1
-    assert checked > 200
+        result = judge_image(scene, image)
+        assert all(result.values()), (size, caption, result)
+        checked += len(scene.objects) == 2
+    assert checked > 40
+
+
+def test_layout_per_canvas():
+    """Positions are fractions of the canvas; sizes follow its shorter side (docs/tiny-shapes.md)."""
+    assert sd.layout("top left", "large", (64, 64)) == (16, 16, 26)
+    assert sd.layout("bottom right", "small", (128, 128)) == (96, 96, 28)
+    assert sd.layout("top right", "large", (96, 64)) == (72, 16, 26)
+    assert sd.layout("center", "small", (64, 96)) == (32, 48, 14)
 
 
 def test_held_out_never_in_training():
@@ -49,6 +60,15 @@ def test_held_out_never_in_training():
     # Every held-out scene is drawn as its caption says.
     for scene in held:
         assert all(score(scene, analyze(sd.render(scene))).values())
+    two = sd.held_out_two_shape_prompts()
+    assert len(two) == len({s.caption for s in two}) == 100
+    for scene in two:  # both objects are held-out triples, of different colours and positions
+        assert len(scene.objects) == 2 and all(sd.is_held_out(o.colour, o.shape, o.position) for o in scene.objects)
+        assert len({o.colour for o in scene.objects} | {scene.background}) == 3
+        assert scene.objects[0].position != scene.objects[1].position
+        assert sd.parse_caption(scene.caption) == scene
+    tuning = sd.tuning_two_shape_prompts()
+    assert not any(sd.is_held_out(o.colour, o.shape, o.position) for s in tuning for o in s.objects)
 
 
 def _drawn(draw_shape, blur: float = 0.0):
@@ -98,6 +118,43 @@ def test_strict_judge_reads_every_dataset_shape_also_blurred():
     for scene in sd.tuning_prompts() + sd.held_out_prompts():
         assert all(score(scene, analyze(sd.render(scene))).values()), scene.caption
         assert analyze(sd.render(scene).filter(ImageFilter.GaussianBlur(1.0))).shape == scene.objects[0].shape
+
+
+@pytest.mark.parametrize("size", sd.CANVASES)
+def test_strict_judges_read_every_canvas_also_blurred(size):
+    """Single- and two-shape held-out scenes (a slice) drawn on each canvas, sharp and blurred by one
+    64x64-pixel (scaled with the canvas), are read right in every attribute."""
+    import random
+
+    from PIL import ImageFilter
+
+    rng = random.Random(0)
+    for scene in sd.held_out_prompts()[::5] + sd.held_out_two_shape_prompts()[::4]:
+        image = sd.render(scene, rng, size)
+        for drawn in (image, image.filter(ImageFilter.GaussianBlur(sd.scale_of(size)))):
+            assert all(judge_image(scene, drawn).values()), (size, scene.caption)
+
+
+def test_two_shape_judge_catches_duplicates_drops_and_swaps():
+    """Each way the old model got two-shape prompts wrong fails `all`, for the reason named."""
+    scene = sd.parse_caption("a large red circle at the top left and a large blue square at the bottom right "
+                             "on a white background")
+    base = sd.Scene(scene.background, scene.objects)
+
+    def judged(objects):
+        return judge_image(scene, sd.render(sd.Scene(base.background, tuple(objects)), size=(96, 64)))
+
+    red, blue = scene.objects
+    assert all(judged([red, blue]).values())
+    duplicated = judged([red, blue, sd.ShapeSpec("blue", "square", "top right", "large")])
+    assert not duplicated["count"] and not duplicated["all"]
+    dropped = judged([red])
+    assert not dropped["count"] and not dropped["all"]
+    swapped = judged([sd.ShapeSpec("blue", "circle", "top left", "large"), sd.ShapeSpec("red", "square", "bottom right", "large")])
+    assert swapped["count"] and not swapped["colour"] and not swapped["all"]
+    wrong_shape = judged([red, sd.ShapeSpec("blue", "triangle", "bottom right", "large")])
+    assert wrong_shape["colour"] and not wrong_shape["shape"] and not wrong_shape["all"]
+    assert len(find_objects(sd.render(base, size=(96, 64)))[1]) == 2
 
 
 def test_tuning_and_held_out_sets_share_no_prompt():

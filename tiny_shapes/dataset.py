@@ -223,12 +223,14 @@ def _two_shape_scenes(triples) -> list[Scene]:
     colours, first object the earlier position in POSITION_NAMES; sizes as the training scenes allow
     (both small when one is in the centre), the first background differing from both colours."""
     scenes = []
-    for i, (c1, s1, p1) in enumerate(triples):
-        for c2, s2, p2 in triples[i + 1:]:
-            if p1 == p2 or c1 == c2:
+    for i, first in enumerate(triples):
+        for second in triples[i + 1:]:
+            if first[2] == second[2] or first[0] == second[0]:
                 continue
-            if POSITION_NAMES.index(p1) > POSITION_NAMES.index(p2):
-                (c1, s1, p1), (c2, s2, p2) = (c2, s2, p2), (c1, s1, p1)
+            if POSITION_NAMES.index(first[2]) > POSITION_NAMES.index(second[2]):
+                (c1, s1, p1), (c2, s2, p2) = second, first
+            else:
+                (c1, s1, p1), (c2, s2, p2) = first, second
             sizes = [("small", "small")] if "center" in (p1, p2) else [(a, b) for a in SIZES for b in SIZES]
             background = next(b for b in BACKGROUNDS if b not in (c1, c2))
             for a, b in sizes:

@@ -322,7 +322,8 @@ def judge_image(scene: Scene, image) -> dict[str, bool]:
     if len(scene.objects) == 1:
         return score(scene, analyze(image))
     background, objects = find_objects(image)
-    return score_objects(scene, background, objects, image.size)
+    height, width = np.asarray(image).shape[:2]
+    return score_objects(scene, background, objects, (width, height))
 
 
 def evaluate_pipeline(pipe, scenes: list[Scene], seed: int = 0, batch_size: int = 16,
