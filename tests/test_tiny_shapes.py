@@ -181,10 +181,14 @@ def test_shipped_files():
     assert sum(p.stat().st_size for p in files) <= 15 * 1024 * 1024
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
     assert defaults["height"] == defaults["width"] == 64
-    prompts = [line for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
-    assert prompts
-    for prompt in prompts:
+    from tpu_demo.web.handlers import example_rows
+
+    lines = [line for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
+    rows = example_rows(get_spec("tiny-shapes"))
+    assert rows and len(rows) == len(lines) <= 12
+    for prompt, resolution in rows:
         sd.parse_caption(prompt)  # within the grammar and vocabulary
+        assert resolution in [str(b) for b in get_spec("tiny-shapes").buckets]
 
 
 def test_shipped_model_loads_and_draws(shipped_pipeline):
@@ -205,7 +209,10 @@ def test_catalog_calls_the_model_as_it_was_evaluated():
     assert spec.guidance_argument == "true_cfg_scale" and not spec.guidance_fixed
     assert spec.default_guidance == defaults["true_cfg_scale"]
     assert spec.default_steps == defaults["num_inference_steps"]
-    assert [str(b) for b in spec.buckets] == [f"{defaults['width']}x{defaults['height']}"]
+    # the first bucket is the default size; every bucket is a canvas the weights were trained on
+    trained = json.loads((MODEL_DIR / "training.json").read_text())["args"].get("buckets", "64x64").split(",")
+    assert str(spec.buckets[0]) == f"{defaults['width']}x{defaults['height']}"
+    assert [str(b) for b in spec.buckets] == trained
     kwargs = spec.pipeline_kwargs(spec.default_guidance)  # the negative prompt field defaults to ""
     for key in ("max_sequence_length", "negative_prompt"):
         assert kwargs[key] == defaults[key]
@@ -234,15 +241,20 @@ def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipelin
 
 
 def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
-    """The second (unconditional) transformer call per step has the same shapes: one graph."""
+    """Warm-up compiles one graph per bucket in the catalog's order, except 64x96, which FLUX packs
+    into the same 96 tokens as 96x64 (the same graph); the second (unconditional) transformer call
+    per step has the same shapes, so true CFG never recompiles."""
     from tpu_demo.core.events import BucketState
     from tpu_demo.core.modes import ExecutionMode
 
     from conftest import engine_images
 
     engine = make_engine()
-    [warm] = engine.warmup("tiny-shapes", ExecutionMode.COMPILED)
-    assert warm.state is BucketState.WARM and warm.compiles == 1
+    warm = engine.warmup("tiny-shapes", ExecutionMode.COMPILED)
+    tokens = [b.width * b.height // 64 for b in get_spec("tiny-shapes").buckets]  # 8x8 pixels per packed token
+    expected = [(f"{b}", BucketState.WARM, int(n not in tokens[:i]))
+                for i, (b, n) in enumerate(zip(get_spec("tiny-shapes").buckets, tokens))]
+    assert [(w.resolution, w.state, w.compiles) for w in warm] == expected
     after_warmup = engine.counter.count
     for guidance, prompt in ((1.0, "a large red circle in the center on a white background"),
                              (3.0, "a small blue square at the top left on a gray background"),
@@ -253,40 +265,64 @@ def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
     assert engine.counter.count == after_warmup
 
 
+#: The CI slice of the held-out evaluation: every 14th single-shape prompt (8 of 110) and every 12th
+#: two-shape prompt (9 of 100), on every bucket, with the shipped inference defaults.
+SLICE = {"single": slice(None, None, 14), "two": slice(None, None, 12)}
+#: What the slice must reach per bucket, a guard against regressions set from the shipped weights'
+#: figures (docs/tiny-shapes.md): single shapes all attributes right (the slice: 7 of 8); two shapes
+#: exactly two objects found and the background right. Issue #19's targets (single all >= 95%, two
+#: shapes both objects all right >= 80%, at every bucket) are NOT met by the shipped weights, so
+#: they are not asserted here.
+SLICE_FLOOR = {"single": {"all": 0.85}, "two": {"background": 0.95, "count": 0.6}}
+
+
+def _slice(kind: str) -> list:
+    prompts = sd.held_out_prompts() if kind == "single" else sd.held_out_two_shape_prompts()
+    return prompts[SLICE[kind]]
+
+
+#: the buckets the app offers for the model, as (width, height)
+BUCKETS = [(b.width, b.height) for b in get_spec("tiny-shapes").buckets]
+
+
 @pytest.fixture(scope="module")
-def held_out_subset_result(shipped_pipeline):
+def held_out_slices(shipped_pipeline):
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
-    held = sd.held_out_prompts()
-    subset = held[:: len(held) // 12][:12]
-    return subset, evaluate_pipeline(shipped_pipeline, subset, seed=0, batch_size=12, **defaults)
+    return {(size, kind): evaluate_pipeline(shipped_pipeline, _slice(kind), seed=0, batch_size=9, size=size, **defaults)
+            for size in BUCKETS for kind in SLICE}
 
 
-def test_held_out_subset_meets_the_targets(held_out_subset_result):
-    """12 of the 110 held-out prompts (every 9th), with the shipped inference defaults."""
-    subset, result = held_out_subset_result
-    accuracy = result["accuracy"]
-    assert set(accuracy) == set(METRICS) and result["n"] == 12
+@pytest.mark.parametrize("size", BUCKETS, ids=[f"{w}x{h}" for w, h in BUCKETS])
+def test_held_out_slice_per_bucket_holds_its_figures(held_out_slices, size):
+    single, two = (held_out_slices[size, kind]["accuracy"] for kind in ("single", "two"))
+    assert set(single) == set(METRICS) and set(two) == set(TWO_SHAPE_METRICS)
     for metric, target in TARGETS.items():
-        assert accuracy[metric] >= target, (metric, accuracy)
+        assert single[metric] >= target, (size, metric, single)
+    for kind, accuracy in (("single", single), ("two", two)):
+        for metric, floor in SLICE_FLOOR[kind].items():
+            assert accuracy[metric] >= floor, (size, kind, metric, accuracy)
 
 
-def test_random_weights_are_at_chance_on_the_same_subset(held_out_subset_result):
+def test_random_weights_are_at_chance_on_the_same_slice():
     """The same evaluation fails an untrained pipeline of the same architecture: it measures the training."""
     from tiny_shapes.model import build_shapes_pipeline
 
-    subset, _ = held_out_subset_result
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
-    accuracy = evaluate_pipeline(build_shapes_pipeline(seed=1), subset, seed=0, batch_size=12, **defaults)["accuracy"]
-    assert accuracy["colour"] < 0.5 and accuracy["shape"] < TARGETS["shape"], accuracy
+    pipe = build_shapes_pipeline(seed=1)
+    single = evaluate_pipeline(pipe, _slice("single"), seed=0, batch_size=9, **defaults)["accuracy"]
+    two = evaluate_pipeline(pipe, _slice("two"), seed=0, batch_size=9, **defaults)["accuracy"]
+    assert single["colour"] < 0.5 and single["shape"] < TARGETS["shape"] and single["all"] < 0.2, single
+    assert two["all"] < 0.2, two
 
 
-def _train(tmp_path: Path, name: str, seed: int) -> Path:
+def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
     import subprocess
     import sys
 
     out = tmp_path / name
-    args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "96", "--vae-steps", "6",
-            "--vae-full-steps", "2", "--vae-batch-size", "8", "--steps", "6", "--batch-size", "8", "--log-every", "1"]
+    args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "24", "--vae-steps", "6",
+            "--vae-full-steps", "4", "--vae-batch-size", "8", "--steps", "6", "--batch-sizes", "8,2,4,4",
+            "--log-every", "1", *extra]
     run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
@@ -306,4 +342,21 @@ def test_training_script_is_reproducible_from_its_seed(tmp_path):
     log = [json.loads(line) for line in (first / "train_log.jsonl").read_text().splitlines()]
     assert {"vae", "latents", "transformer", "done"} <= {r["stage"] for r in log}
     assert all(np.isfinite(r["loss"]) for r in log if r["stage"] == "transformer")
+    [latents] = [r for r in log if r["stage"] == "latents"]
+    assert latents["buckets"] == ["64x64", "128x128", "96x64", "64x96"] and latents["tokens"] == [64, 256, 96, 96]
     assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
+
+
+def test_training_from_the_shipped_weights_is_reproducible(tmp_path):
+    """--init-from (how the shipped multi-bucket weights were made): the VAE and its latent
+    normalisation are kept, the transformer moves, and one seed gives the same weights twice."""
+    from safetensors.numpy import load_file
+
+    runs = [_train(tmp_path, name, 5, "--init-from", str(MODEL_DIR)) for name in ("a", "b")]
+    for component in ("transformer/diffusion_pytorch_model", "vae/diffusion_pytorch_model"):
+        a, b, shipped = (load_file(path / f"{component}.safetensors") for path in (*runs, MODEL_DIR))
+        assert all(np.array_equal(a[k], b[k]) for k in a), component
+        moved = any(not np.array_equal(a[k], shipped[k]) for k in a)
+        assert moved == component.startswith("transformer"), component
+    vae = [json.loads((path / "vae" / "config.json").read_text()) for path in (runs[0], MODEL_DIR)]
+    assert [v["shift_factor"] for v in vae] == [vae[1]["shift_factor"]] * 2
