@@ -360,3 +360,18 @@ def test_training_from_the_shipped_weights_is_reproducible(tmp_path):
         assert moved == component.startswith("transformer"), component
     vae = [json.loads((path / "vae" / "config.json").read_text()) for path in (runs[0], MODEL_DIR)]
     assert [v["shift_factor"] for v in vae] == [vae[1]["shift_factor"]] * 2
+
+
+def test_example_rows_may_name_their_bucket(tmp_path):
+    """A prompts-file line ending in `| WIDTHxHEIGHT` (one of the model's buckets) is drawn there;
+    any other line, or an unknown size, keeps the first bucket and the whole line as the prompt."""
+    from dataclasses import replace
+
+    from tpu_demo.web.handlers import example_prompts, example_rows
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("a red circle\na blue square | 96x64\na | b | 64x96\nodd | 100x100\n\n", encoding="utf-8")
+    spec = replace(get_spec("tiny-flux"), example_prompts_file=str(path))  # buckets 64x64, 128x128, 96x64, 64x96
+    assert example_rows(spec) == [("a red circle", "64x64"), ("a blue square", "96x64"), ("a | b", "64x96"),
+                                  ("odd | 100x100", "64x64")]
+    assert example_prompts(spec) == ["a red circle", "a blue square", "a | b", "odd | 100x100"]
