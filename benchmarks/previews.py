@@ -68,6 +68,17 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def finished_and_preview(update: Any) -> tuple[list, bool]:
+    """(the finished images, whether this update carried a preview) of one /generate update: a
+    (gallery, preview HTML) pair, or, from an app before the preview had its own output
+    (``--app-repo``), a gallery whose last item is the preview."""
+    if isinstance(update, tuple):
+        gallery, preview = update
+        return list(gallery or []), bool(preview)
+    finished = [item for item in update if not (item.get("caption") or "").startswith("preview")]
+    return finished, len(finished) < len(update)
+
+
 def _one_request(client: Any, case: PreviewCase, mode: str, seed: int, previews: bool,
                  server_pid: int | None = None) -> dict[str, Any]:
     """One /generate request consumed to its end, as a visitor's client sees it."""
@@ -78,10 +89,10 @@ def _one_request(client: Any, case: PreviewCase, mode: str, seed: int, previews:
                         num_images=case.num_images, previews=previews, api_name="/generate")
     updates = list(job)
     seconds = time.perf_counter() - started
-    final = [item for item in updates[-1] if not (item.get("caption") or "").startswith("preview")]
+    final, _ = finished_and_preview(updates[-1])
     if len(final) != case.num_images:
         raise RuntimeError(f"{case.label}: {len(final)} of {case.num_images} images came back")
-    frames = sum(1 for update in updates if update and (update[-1].get("caption") or "").startswith("preview"))
+    frames = sum(1 for update in updates if finished_and_preview(update)[1])
     return {"seconds": seconds, "denoise": [_denoise_seconds(item) for item in final], "updates": len(updates),
             "frames": frames, "server_cpu": _cpu_seconds(server_pid) - server_cpu}
 

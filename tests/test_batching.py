@@ -239,7 +239,7 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
         outcomes = []
         for _ in range(3):
             try:
-                (item,) = client.predict(**request_fields(seed=seeds[index], **GOOD), api_name="/generate")
+                (item,), _ = client.predict(**request_fields(seed=seeds[index], **GOOD), api_name="/generate")
                 outcomes.append(("ok", np.asarray(pixels(item), dtype=np.int16)))
             except QueueError as busy:
                 outcomes.append(("busy", str(busy)))

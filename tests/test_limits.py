@@ -37,7 +37,7 @@ def test_sixteen_clients_three_requests_each_complete_or_are_told_busy(launch_ap
         outcomes = []
         for _ in range(3):
             try:
-                (item,) = client.predict(**request_fields(seed=seeds[client_index], **GOOD), api_name="/generate")
+                (item,), _ = client.predict(**request_fields(seed=seeds[client_index], **GOOD), api_name="/generate")
                 outcomes.append(("ok", pixels(item)))
             except QueueError as busy:
                 outcomes.append(("busy", str(busy)))
@@ -145,7 +145,7 @@ def test_loading_and_compiling_do_not_count_against_the_time_limit(launch_app):
     app, url = launch_app("--no-warmup", "--request-timeout", "0.5")
     client = Client(url, verbose=False)
     started = time.monotonic()
-    (item,) = client.predict(**request_fields(mode="compiled", **GOOD), api_name="/generate")
+    (item,), _ = client.predict(**request_fields(mode="compiled", **GOOD), api_name="/generate")
     status = app.engine.bucket_status(ShapeKey("tiny-flux", ExecutionMode.COMPILED.value, "64x64"))
     print(f"cold compiled request: {time.monotonic() - started:.2f}s, compile {status.compile_seconds}s")
     assert status.state is BucketState.WARM and status.compile_seconds > 0.5  # longer than the limit

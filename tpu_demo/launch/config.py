@@ -136,8 +136,8 @@ class AppConfig:
     device: str | None = flag(None, "restrict device detection (default: tpu, then cuda, then cpu)",
                               _choice(["tpu", "cuda", "cpu"]))
     preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
-    preview_seconds: float = flag(0.25, "and at most one preview per this many seconds (the first at once; 0: "
-                                  "no time limit)", _non_negative_float)
+    preview_seconds: float = flag(0.25, "and at most one preview per this many seconds, counted from the image's "
+                                  "start: a faster image shows none (0: no time limit)", _non_negative_float)
     max_batch: int = flag(1, "most images per pipeline call: waiting images of one shape (model, mode, bucket, "
                           "steps, guidance) share a call at a warm static batch size 1, 2 or 4 up to this; "
                           "each size is warmed like a bucket (1: no batching)", _batch_size)
