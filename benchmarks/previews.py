@@ -32,23 +32,26 @@ from PIL import Image
 
 @dataclass(frozen=True)
 class PreviewCase:
-    """One request shape to measure: a model at one bucket."""
+    """One request shape to measure: a model at one bucket (and the app's --preview-seconds, if not the default)."""
 
     model: str
     resolution: str
     steps: int
     num_images: int = 2
+    preview_seconds: float | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.model} {self.resolution} {self.steps} steps x{self.num_images}"
+        rate = "" if self.preview_seconds is None else f", --preview-seconds {self.preview_seconds:g}"
+        return f"{self.model} {self.resolution} {self.steps} steps x{self.num_images}{rate}"
 
 
-#: The embedded default at its only bucket (true CFG: two transformer calls a step) and tiny FLUX at
-#: 128x128; at 8 steps a tiny FLUX image is done before a preview could be seen, so the same bucket
-#: at 48 steps measures what streamed previews cost.
-DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 8),
-                 PreviewCase("tiny-flux", "128x128", 48))
+#: The embedded default as a visitor first meets it (true CFG: two transformer calls a step), tiny
+#: FLUX at 128x128 and 48 steps, and tiny FLUX.2 at 128x128 and 50 steps, whose images take long
+#: enough here (0.3-0.6 s) to show previews at the default rate; then the same tiny FLUX request
+#: with previews five times as often as the default (one per 0.05 s): the upper bound of their cost.
+DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 48),
+                 PreviewCase("tiny-flux2", "128x128", 50), PreviewCase("tiny-flux", "128x128", 48, preview_seconds=0.05))
 PROMPT = "a red circle on a white background"
 
 
@@ -179,10 +182,13 @@ def measure_end_to_end(url: str, cases: Sequence[PreviewCase], pairs: int, mode:
 
 
 def app_flags(port: int, cache_dir: Path, cases: Sequence[PreviewCase], threads: int | None) -> list[str]:
-    """An app offering every case's model, warmup off (each case warms its own bucket)."""
+    """An app offering every case's model, warmup off (each case warms its own bucket); the cases share
+    one --preview-seconds."""
     models = ",".join(dict.fromkeys(case.model for case in cases))
     flags = ["--port", str(port), "--cache-dir", str(cache_dir), "--models", models, "--model", cases[0].model,
              "--no-warmup", "--compile-backend", "aot_eager"]
+    if cases[0].preview_seconds is not None:
+        flags += ["--preview-seconds", str(cases[0].preview_seconds)]
     return flags + (["--threads", str(threads)] if threads else [])
 
 
@@ -225,14 +231,18 @@ def app_process(flags: list[str], port: int, timeout: float = 300.0, repo: Path 
 
 def run(cases: Sequence[PreviewCase], pairs: int, cache_dir: Path, threads: int | None = 1,
         mode: str = "eager", repo: Path | None = None) -> dict[str, Any]:
-    """Start the app process for ``cases`` and measure each of them."""
+    """Start an app process per --preview-seconds among ``cases`` and measure each case."""
     from benchmarks.run import _free_port
 
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
-            app_process(app_flags(port, cache_dir, cases, threads), port, repo=repo,
-                        gradio_cache=Path(gradio_cache)) as (url, pid):
-        return measure_end_to_end(url, cases, pairs, mode, Path(gradio_cache), pid)
+    figures = {}
+    for rate in dict.fromkeys(case.preview_seconds for case in cases):
+        group = [case for case in cases if case.preview_seconds == rate]
+        port = _free_port()
+        with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
+                app_process(app_flags(port, cache_dir, group, threads), port, repo=repo,
+                            gradio_cache=Path(gradio_cache)) as (url, pid):
+            figures.update(measure_end_to_end(url, group, pairs, mode, Path(gradio_cache), pid))
+    return figures
 
 
 def markdown_rows(figures: dict[str, Any]) -> list[str]:

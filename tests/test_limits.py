@@ -86,7 +86,7 @@ def test_full_queue_answers_busy_at_once(launch_app):
         # the full queue refuses generations only: Stop still reaches the running request
         client.predict(api_name="/stop")
         stopped_early(running, 4)
-        assert len(waiting.result()) == 1
+        assert len(waiting.result()[0]) == 1
 
 
 # ---- 2b. per-client limits -----------------------------------------------------------------
@@ -121,7 +121,7 @@ def test_one_request_per_session_and_a_few_per_address(launch_app):
         late = third.submit(**request_fields(seed=5, **GOOD), api_name="/generate")
         first.predict(api_name="/stop")  # ends the long request early (its finished images are kept)
         stopped_early(running, 4)
-        assert len(elsewhere.result()) == 1 and len(late.result()) == 1
+        assert len(elsewhere.result()[0]) == 1 and len(late.result()[0]) == 1
     # everything ended: the first session is admitted again (nothing leaked)
     good_request_works(first, app, seed=12)
 

@@ -5,6 +5,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from gradio_client import Client
 from PIL import Image
 
@@ -105,11 +106,15 @@ def test_stop_ends_the_run_within_two_steps_and_keeps_finished_images(launch_app
     assert len(result) == 1 and time.monotonic() - started < 30
 
 
-def test_api_cancel_stops_the_running_generation(launch_app):
+@pytest.mark.parametrize("previews", [True, False])
+def test_api_cancel_stops_the_running_generation(launch_app, previews):
+    """gradio_client's job.cancel() (POST /cancel) stops the run within two steps, also before the
+    handler's first update (Gradio alone could only close the handler when it next yields)."""
     app, url = launch_app("--no-warmup", "--preview-every", "1")
     steps = _slow_steps(app)
     client = Client(url, verbose=False)
-    job = client.submit(**request_fields(num_inference_steps=50, num_images=2, previews=True), api_name="/generate")
+    job = client.submit(**request_fields(num_inference_steps=50, num_images=2, previews=previews),
+                        api_name="/generate")
     deadline = time.monotonic() + 30
     while len(steps) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -10,7 +10,7 @@ import torch
 from starlette.middleware import Middleware
 
 from tpu_demo.web import gradio_queue
-from tpu_demo.web.admission import AdmissionLimits, AdmissionMiddleware
+from tpu_demo.web.admission import AdmissionLimits, AdmissionMiddleware, CancelRelay
 from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
@@ -139,7 +139,8 @@ def hardening_app_kwargs(app: App) -> dict:
                                   current_events=lambda: guarded_events(app),
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
-                                      app.demo, fn_index, api_name))],
+                                      app.demo, fn_index, api_name)),
+                       Middleware(CancelRelay, on_cancel=app.ui.supervisor.cancel)],
     }
 
 

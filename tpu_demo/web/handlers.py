@@ -24,7 +24,7 @@ from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.web.admission import WarmupThrottle
-from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, preview_html
+from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html
 from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
 from tpu_demo.web.supervision import RequestSupervisor, StopReason
 
@@ -108,7 +108,8 @@ class PageHandlers:
         """Stream (gallery, live preview): one update per finished image, and previews while denoising.
 
         A preview update re-sends the same gallery (Gradio's diff sends nothing for it) and the
-        preview as inline HTML; a finished image clears the preview (see web/outputs.py).
+        preview as inline HTML; a finished image clears the preview. Values are yielded as Gradio
+        sends them (the event has ``postprocess=False``; see web/outputs.py).
         """
         queued = CurrentEvent.capture()
         try:
@@ -141,15 +142,15 @@ class PageHandlers:
                              desc=_progress_text(event, total), unit="steps")
                     if event.preview is not None:
                         caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.preview.step}/{event.total}"
-                        yield gallery, preview_html(event.preview.render(), caption)
+                        yield gallery_data(gallery), preview_html(event.preview.render(), caption)
                 elif isinstance(event, ImageResult):
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
-                    yield list(gallery), NO_PREVIEW
+                    yield gallery_data(gallery), NO_PREVIEW
                 elif isinstance(event, Stopped):
                     # never a success with a short gallery: the images streamed so far stay on the
                     # page, and every caller is told how many of its images were finished
                     run.stopped(event)
-                    yield list(gallery), NO_PREVIEW
+                    yield gallery_data(gallery), NO_PREVIEW
                     raise user_error(run.stop_message(event, total), "Stopped")
         except gr.Error:
             raise

@@ -7,6 +7,11 @@ PNG file written, hashed and copied into Gradio's cache, a second request to fet
 gallery file again for ``gradio_client``), and Gradio's postprocessing of the whole gallery, per
 preview, on the cores that denoise. As an ``<img>`` with a ``data:`` URL in a ``gr.HTML`` output
 it is a few hundred bytes on the event stream and nothing else.
+
+The generate event runs with ``postprocess=False``: the handler yields what Gradio would send
+(``gallery_data``), so an update costs no trip through a worker thread per output and no thread
+pool per gallery (``gr.Gallery.postprocess`` starts one per call). Gradio still copies each file
+into its cache and adds its URL.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import gradio as gr
 from PIL import Image
 
 from tpu_demo.core import pngmeta
@@ -46,6 +52,12 @@ class RequestFiles:
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def gallery_data(images: list[tuple[str, str]]) -> list[dict]:
+    """(PNG path, caption) pairs as ``gr.Gallery`` sends them (``GalleryData``): what its postprocess makes."""
+    return [{"image": gr.FileData(path=path, orig_name=Path(path).name, mime_type="image/png").model_dump(),
+             "caption": caption} for path, caption in images]
 
 
 def preview_html(image: Image.Image, caption: str) -> str:

@@ -105,6 +105,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs=inputs, outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
+            postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         generation.success(history.add, [gallery], [history_view], api_visibility="private", queue=False)
