@@ -13,7 +13,9 @@ Two kinds of client (``--client``):
   ``stream_sse_v1plus``), so each request waits up to 50 ms after the server has finished.
 - ``http``: raw HTTP as a curl user or a browser does it, with ``httpx``: ``POST
   /gradio_api/call/generate``, read the event stream until ``complete``, then ``GET`` each image
-  of the gallery. No polling: the latency is the server's.
+  of the gallery. No polling: the latency is the server's. Each visitor keeps one session (a
+  ``session_hash``, as a browser tab does): without one, Gradio builds a new session state, a
+  copy of the whole page's config, for every request.
 """
 
 from __future__ import annotations
@@ -47,13 +49,16 @@ class GradioClientVisitor:
 
 class HttpVisitor:
     def __init__(self, url: str):
+        import secrets
+
         import httpx
 
         self.http = httpx.Client(base_url=url, timeout=120)
+        self.session_hash = secrets.token_hex(6)
 
     def generate(self, fields: dict) -> int:
-        data = [fields.get(name, "") for name in INPUTS]
-        event_id = self.http.post("gradio_api/call/generate", json={"data": data}).raise_for_status().json()["event_id"]
+        body = {"data": [fields.get(name, "") for name in INPUTS], "session_hash": self.session_hash}
+        event_id = self.http.post("gradio_api/call/generate", json=body).raise_for_status().json()["event_id"]
         event, payload = None, None
         with self.http.stream("GET", f"gradio_api/call/generate/{event_id}") as stream:
             for line in stream.iter_lines():

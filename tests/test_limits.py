@@ -150,3 +150,15 @@ def test_loading_and_compiling_do_not_count_against_the_time_limit(launch_app):
     print(f"cold compiled request: {time.monotonic() - started:.2f}s, compile {status.compile_seconds}s")
     assert status.state is BucketState.WARM and status.compile_seconds > 0.5  # longer than the limit
     assert "compiled first" in item["caption"]
+
+
+def test_gradio_queue_analytics_are_not_rebuilt_per_request(launch_app):
+    """Gradio rebuilds a pandas summary of up to 10 000 past events after every event by default
+    (web/gradio_queue.limit_queue_analytics); here it is rebuilt once per 1000 events."""
+    app, url = launch_app("--no-warmup")
+    client = Client(url, verbose=False)
+    for seed in range(3):
+        client.predict(**request_fields(seed=seed, **GOOD), api_name="/generate")
+    queue = app.demo._queue
+    assert queue.events_recorded >= 3 and queue.event_count_at_last_cache == 0
+    assert queue.ANAYLTICS_CACHE_FREQUENCY == 1000 and queue.ANALYTICS_MAX_EVENTS == 1000

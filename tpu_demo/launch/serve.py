@@ -110,6 +110,7 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too.
     # api_open=False closes POST /run/<api> and /api/<api> of queued events, which would call the handler
     # beside the queue (no concurrency limit, no admission): generations are reached through the queue only.
+    gradio_queue.limit_queue_analytics()
     demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)

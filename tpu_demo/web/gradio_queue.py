@@ -11,11 +11,25 @@ upgrade renames them, and tests/test_limits.py and tests/test_routes.py exercise
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Collection, Iterator
 
 import gradio as gr
+
+
+#: Gradio's queue rebuilds its monitoring summary (a pandas DataFrame of up to 10 000 past events,
+#: grouped, with percentiles) after every event by default: O(events) of CPU per request on the
+#: cores that denoise, growing all day on a public demo, for a dashboard this app never enables.
+QUEUE_ANALYTICS_DEFAULTS = {"GRADIO_ANALYTICS_CACHE_FREQUENCY": "1000", "GRADIO_ANALYTICS_MAX_EVENTS": "1000"}
+
+
+def limit_queue_analytics() -> None:
+    """Rebuild that summary once per 1000 events, over at most 1000 (call before ``Blocks.queue``;
+    an operator's own values in the environment win)."""
+    for name, value in QUEUE_ANALYTICS_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 @dataclass(frozen=True)
