@@ -133,7 +133,11 @@ def measure_case(url: str, case: PreviewCase, pairs: int, mode: str = "eager",
     # per image, pair by pair: image k of request i with previews on vs the same image with them off
     denoise_on = [d for run in runs[True] for d in run["denoise"]]
     denoise_off = [d for run in runs[False] for d in run["denoise"]]
+    cpu_on, cpu_off = (statistics.median(r["server_cpu"] for r in runs[side]) for side in (True, False))
+    frames = statistics.median(r["frames"] for r in runs[True])
     return {"case": case.label, "mode": mode, "pairs": pairs,
+            # the server's extra CPU per preview streamed: what one update costs, whatever the load
+            "server_cpu_ms_per_preview": round(1000 * (cpu_on - cpu_off) / frames, 2) if frames else None,
             "denoise_per_image": _ratio_summary(denoise_on, denoise_off),
             "whole_request": _ratio_summary([r["seconds"] for r in runs[True]], [r["seconds"] for r in runs[False]]),
             "updates_per_request": {"on": statistics.median(r["updates"] for r in runs[True]),
@@ -249,12 +253,14 @@ def markdown_rows(figures: dict[str, Any]) -> list[str]:
     rows = []
     for label, f in figures.items():
         d, w = f["denoise_per_image"], f["whole_request"]
+        per_preview = "" if f["server_cpu_ms_per_preview"] is None else f" ({f['server_cpu_ms_per_preview']:.1f} per preview)"
         rows.append(f"| {label} ({f['mode']}) | {d['ratio']:.3f}x ({d['pair_ratio_min']:.2f}-{d['pair_ratio_max']:.2f}; "
                     f"{d['off_ms']:.0f} -> {d['on_ms']:.0f} ms; fastest/fastest {d['best_ratio']:.3f}x) | "
                     f"{w['ratio']:.3f}x ({w['pair_ratio_min']:.2f}-{w['pair_ratio_max']:.2f}; fastest/fastest "
                     f"{w['best_ratio']:.3f}x) | {f['preview_frames_per_request']:g} frames, "
                     f"{f['updates_per_request']['on']:g} vs {f['updates_per_request']['off']:g} updates | "
-                    f"{f['server_cpu_ms_per_request']['off']:.0f} -> {f['server_cpu_ms_per_request']['on']:.0f} | {f['pairs']} |")
+                    f"{f['server_cpu_ms_per_request']['off']:.0f} -> {f['server_cpu_ms_per_request']['on']:.0f}"
+                    f"{per_preview} | {f['pairs']} |")
     return ["| request | denoise per image, on / off (pair spread; off -> on) | whole request, on / off | "
             "streamed per request (on vs off) | server CPU ms per request, off -> on | pairs |",
             "|---|---|---|---|---|---|", *rows, "", *stream_rows(figures)]

@@ -279,3 +279,38 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
     assert wait_until(lambda: not app.engine.status().busy, 10)
     health = httpx.get(url + "health").json()
     assert health["queue_length"] == 0 and health["running"] == 0
+
+
+def _pending(seed: int):
+    from tpu_demo.engine.batching import PendingRequest
+
+    return PendingRequest(validate_request(request_fields(seed=seed)), lambda event: None, threading.Event())
+
+
+def _timed_wait(queue, max_size: int, timeout: float) -> float:
+    started = time.monotonic()
+    queue.wait_for_batch(max_size, timeout)
+    return time.monotonic() - started
+
+
+def test_a_call_waits_for_its_batch_only_while_several_visitors_are_about():
+    from tpu_demo.engine.batching import ImageQueue
+
+    lone = ImageQueue()
+    lone.add(_pending(1))
+    assert _timed_wait(lone, 4, 1.0) < 0.1  # one visitor: no wait at all
+
+    crowd = ImageQueue()
+    crowd.add(_pending(1))
+    crowd.add(_pending(2))  # two requests about: a call of 4 waits for two more images
+    late = [threading.Timer(0.1, crowd.add, [_pending(3)]), threading.Timer(0.2, crowd.add, [_pending(4)])]
+    for timer in late:
+        timer.start()
+    waited = _timed_wait(crowd, 4, 2.0)
+    assert 0.15 < waited < 1.0, waited  # returned when the fourth image arrived, not at the timeout
+    assert _timed_wait(crowd, 4, 2.0) < 0.05  # four wait now: no wait
+
+    short = ImageQueue()
+    short.add(_pending(1))
+    short.add(_pending(2))
+    assert 0.25 <= _timed_wait(short, 4, 0.3) < 1.0  # nobody else comes: it waits the timeout, no longer

@@ -9,6 +9,11 @@ with batch 1 they alternate, with batch 2 each gets one image per call.
 
 Only warm batch sizes are used (batch 1 excepted: it is the bucket itself), so a request never
 triggers the compile of a batch size; sizes are warmed like buckets (``Engine.warmup``).
+
+A call may wait a moment for its batch to fill (``wait_for_batch``, ``--batch-wait-seconds``):
+visitors who each wait for their last image before asking again arrive staggered, a few tens
+of milliseconds apart, and a call started at once would take them one by one. It waits only
+while several requests have been about lately, so a lone visitor never waits.
 Images are never padded: a batch of 4 that only 3 images want runs as 2 + 1 (on CPU a padded
 image costs a whole image of compute; see docs/generation.md).
 
@@ -20,6 +25,7 @@ leaving). Events for a finished request are dropped.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -28,6 +34,8 @@ from tpu_demo.core.request import GenerationRequest
 
 #: the last event of every request's stream
 END = object()
+#: a call waits for its batch to fill only if two or more requests were about this recently (seconds)
+CROWD_MEMORY_SECONDS = 2.0
 
 
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -99,13 +107,43 @@ class Member(NamedTuple):
 class ImageQueue:
     """The waiting images of every request, in round-robin order."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._line: list[PendingRequest] = []
+        self.clock = clock
+        self._crowded_at = float("-inf")  # when two or more requests were last in the line together
 
     def add(self, pending: PendingRequest) -> None:
         with self._lock:
             self._line.append(pending)
+            self._note_crowd()
+            self._arrived.notify_all()
+
+    def _note_crowd(self) -> None:
+        if sum(1 for p in self._line if not p.finished) >= 2:
+            self._crowded_at = self.clock()
+
+    def wait_for_batch(self, max_size: int, timeout: float) -> None:
+        """Wait up to ``timeout`` s until ``max_size`` images of the oldest waiting request's shape
+        wait, if several requests were about in the last CROWD_MEMORY_SECONDS; else return at once."""
+        if max_size <= 1 or timeout <= 0:
+            return
+        deadline = self.clock() + timeout
+        with self._lock:
+            if self.clock() - self._crowded_at > CROWD_MEMORY_SECONDS:
+                return
+            while True:
+                candidates = [p for p in self._line if p.waiting_images > 0]
+                if not candidates:
+                    return
+                shape = candidates[0].shape
+                if sum(p.waiting_images for p in candidates if p.shape == shape) >= max_size:
+                    return
+                left = deadline - self.clock()
+                if left <= 0:
+                    return
+                self._arrived.wait(left)
 
     def remove(self, pending: PendingRequest) -> None:
         with self._lock:
@@ -128,6 +166,7 @@ class ImageQueue:
             for pending in [p for p in self._line if not p.finished and p.stop.is_set() and p.in_flight == 0]:
                 stopped(pending)
             self._line = [p for p in self._line if not p.finished and p.waiting_images > 0 or p.in_flight > 0]
+            self._note_crowd()
             candidates = [p for p in self._line if p.waiting_images > 0]
             if not candidates:
                 return []

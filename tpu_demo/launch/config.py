@@ -141,6 +141,9 @@ class AppConfig:
     max_batch: int = flag(1, "most images per pipeline call: waiting images of one shape (model, mode, bucket, "
                           "steps, guidance) share a call at a warm static batch size 1, 2 or 4 up to this; "
                           "each size is warmed like a bucket (1: no batching)", _batch_size)
+    batch_wait_seconds: float = flag(0.02, "with --max-batch above 1, how long a call may wait for its batch to "
+                                     "fill while several visitors are about (a lone visitor never waits)",
+                                     _non_negative_float)
     max_queue: int = flag(AdmissionLimits.max_waiting, "requests that may wait in the queue; more are told the "
                                                        "app is busy", _positive_int)
     max_images: int = flag(RequestLimits.max_images, "most images one request may ask for", _positive_int)
