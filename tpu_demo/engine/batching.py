@@ -14,6 +14,7 @@ A call may wait a moment for its batch to fill (``wait_for_batch``, ``--batch-wa
 visitors who each wait for their last image before asking again arrive staggered, a few tens
 of milliseconds apart, and a call started at once would take them one by one. It waits only
 while several requests have been about lately, so a lone visitor never waits.
+
 Images are never padded: a batch of 4 that only 3 images want runs as 2 + 1 (on CPU a padded
 image costs a whole image of compute; see docs/generation.md).
 

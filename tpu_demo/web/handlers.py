@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import gradio as gr
-from PIL import Image
 
 from tpu_demo.core import pngmeta
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
