@@ -1,8 +1,5 @@
 """Limits on the real app: concurrent clients, the bounded queue, per-client shares, the time limit."""
 
-import json
-import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -10,17 +7,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
-from PIL import Image
 
 from tpu_demo.core.events import BucketState, ShapeKey
 from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.web.gradio_queue import set_queue_polling
 
 from conftest import request_fields
-from support import (GOOD, Hook, generate_fn_index, good_request_works, pixels, raising_once, raw_call, reference,
+from support import (GOOD, generate_fn_index, good_request_works, pixels, reference,
                      slow_steps, stopped_early, wait_until)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,3 +158,27 @@ def test_gradio_queue_analytics_are_not_rebuilt_per_request(launch_app):
     queue = app.demo._queue
     assert queue.events_recorded >= 3 and queue.event_count_at_last_cache == 0
     assert queue.ANAYLTICS_CACHE_FREQUENCY == 1000 and queue.ANALYTICS_MAX_EVENTS == 1000
+
+
+def event_loop_cpu_seconds(app, seconds: float) -> float:
+    """CPU the server's event-loop thread spends in ``seconds`` of wall time."""
+    clock = time.pthread_getcpuclockid(app.demo.server.thread.ident)
+    started = time.clock_gettime(clock)
+    time.sleep(seconds)
+    return time.clock_gettime(clock) - started
+
+
+def test_gradio_queue_polls_at_the_configured_interval(launch_app):
+    """Gradio's queue looks for work every 1 ms by default, a thousand event-loop wake-ups a second
+    on the cores that denoise (web/gradio_queue.set_queue_polling); the app polls every
+    --queue-poll-seconds, and its idle event loop costs less CPU than at Gradio's default."""
+    app, url = launch_app("--no-warmup", "--queue-poll-seconds", "0.05")
+    queue = app.demo._queue
+    assert queue.sleep_when_free == 0.05 and queue.progress_update_sleep_when_free == 0.05
+    good_request_works(Client(url, verbose=False), app)
+    time.sleep(0.5)  # let the request's stream close
+    calm = event_loop_cpu_seconds(app, 2.0)
+    assert set_queue_polling(app.demo, 0.001)
+    busy = event_loop_cpu_seconds(app, 2.0)
+    print(f"idle event loop CPU over 2 s: {calm * 1000:.0f} ms polling every 50 ms, {busy * 1000:.0f} ms every 1 ms")
+    assert calm < busy / 1.5

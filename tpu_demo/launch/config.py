@@ -144,6 +144,9 @@ class AppConfig:
     batch_wait_seconds: float = flag(0.02, "with --max-batch above 1, how long a call may wait for its batch to "
                                      "fill while several visitors are about (a lone visitor never waits)",
                                      _non_negative_float)
+    queue_poll_seconds: float = flag(0.01, "how often Gradio's queue looks for a free worker (Gradio's default "
+                                     "0.001 wakes the server 1000 times a second, taking the GIL from the device "
+                                     "thread)", _positive_float)
     max_queue: int = flag(AdmissionLimits.max_waiting, "requests that may wait in the queue; more are told the "
                                                        "app is busy", _positive_int)
     max_images: int = flag(RequestLimits.max_images, "most images one request may ask for", _positive_int)

@@ -113,6 +113,8 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     # beside the queue (no concurrency limit, no admission): generations are reached through the queue only.
     gradio_queue.limit_queue_analytics()
     demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
+    if not gradio_queue.set_queue_polling(demo, config.queue_poll_seconds):
+        log.warning("this Gradio's queue has no polling interval to set; it polls at its own rate")
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
