@@ -25,7 +25,7 @@ from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_m
 from tpu_demo.web.admission import WarmupThrottle
 from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html
 from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
-from tpu_demo.web.supervision import RequestSupervisor, StopReason
+from tpu_demo.web.supervision import RequestSupervisor
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
