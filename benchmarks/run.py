@@ -347,7 +347,7 @@ def measure_load_section(bench: Bench) -> dict[str, Any]:
 
     bench.engine.warmup(bench.spec.id, ExecutionMode.COMPILED, buckets=(bench.bucket,))  # every batch size
     clients = (1, 2) if bench.args.smoke else (1, 4, 16)
-    rounds, per_client = (1, 1) if bench.args.smoke else (3, 3)
+    rounds, per_client = (1, 1) if bench.args.smoke else (3, 8)
     return measure_load(bench.url, bench.engine, bench.fields(seed=0), lambda seed: bench.bare_call(seed),
                         clients, per_client, rounds, bench.engine.max_batch)
 

@@ -53,6 +53,10 @@ def run_clients(url: str, clients: int, requests: int, fields: dict[str, Any], k
     return {**json.loads(line), "server_cpu_seconds": server_cpu}
 
 
+def row_key(clients: int, batch: int, kind: str, poll: float | None) -> str:
+    return f"{clients}_clients_batch_{batch}_{kind}" + ("" if poll is None else f"_poll_{poll:g}")
+
+
 def bare_block(bare_call: Callable[[int], Any], images: int) -> float:
     """Seconds for ``images`` back-to-back bare pipeline calls."""
     started = time.perf_counter()
@@ -63,9 +67,13 @@ def bare_block(bare_call: Callable[[int], Any], images: int) -> float:
 
 def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Callable[[int], Any],
                  clients: Sequence[int] = (1, 4, 16), requests_per_client: int = 3, rounds: int = 3,
-                 max_batch: int = 4, kinds: Sequence[str] = ("http", "gradio_client")) -> dict[str, Any]:
-    """Every (clients, batching, client kind) configuration ``rounds`` times, interleaved, plus bare blocks."""
-    configs = [(n, batch, kind) for kind in kinds for n in clients for batch in (1, max_batch)]
+                 max_batch: int = 4, kinds: Sequence[str] = ("http", "gradio_client"),
+                 polls: Sequence[float] = (), set_poll: Callable[[float], Any] = lambda seconds: None,
+                 ) -> dict[str, Any]:
+    """Every (clients, batching, client kind, queue poll) configuration ``rounds`` times, interleaved,
+    plus bare blocks (run with the server idle at the first of ``polls``, the app's own setting)."""
+    configs = [(n, batch, kind, poll) for poll in (polls or (None,)) for kind in kinds for n in clients
+               for batch in (1, max_batch)]
     totals = {config: {"seconds": 0.0, "images": 0, "latencies": [], "errors": [], "server_cpu": 0.0,
                        "client_cpu": 0.0} for config in configs}
     bare_seconds = bare_images = 0.0
@@ -75,12 +83,16 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
         if round_index % 2:
             order.reverse()
         n_bare = 4 * requests_per_client
+        if polls:
+            set_poll(polls[0])
         bare_seconds += bare_block(bare_call, n_bare)
         bare_images += n_bare
-        for n, batch, kind in order:
+        for n, batch, kind, poll in order:
             engine.set_max_batch(batch)
+            if poll is not None:
+                set_poll(poll)
             burst = run_clients(url, n, requests_per_client, fields, kind)
-            total = totals[(n, batch, kind)]
+            total = totals[(n, batch, kind, poll)]
             total["seconds"] += burst["seconds"]
             total["images"] += burst["images"]
             total["latencies"] += burst["latencies"]
@@ -89,13 +101,16 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
             total["client_cpu"] += burst["client_cpu_seconds"]
         load.append(os.getloadavg()[0])
     engine.set_max_batch(max_batch)
+    if polls:
+        set_poll(polls[0])
     bare_per_minute = 60 * bare_images / bare_seconds
     rows = {}
-    for (n, batch, kind), total in totals.items():
+    for (n, batch, kind, poll), total in totals.items():
         per_minute = 60 * total["images"] / total["seconds"]
         images = max(total["images"], 1)
-        rows[f"{n}_clients_batch_{batch}_{kind}"] = {
-            "clients": n, "max_batch": batch, "client": kind, "images_per_minute": round(per_minute, 1),
+        rows[row_key(n, batch, kind, poll if len(polls) > 1 else None)] = {
+            "clients": n, "max_batch": batch, "client": kind, "queue_poll_seconds": poll,
+            "images_per_minute": round(per_minute, 1),
             # CPU per image: the server process (every thread: Gradio, handlers, the device thread) and the clients'
             "server_cpu_ms_per_image": round(1000 * total["server_cpu"] / images, 1),
             "client_cpu_ms_per_image": round(1000 * total["client_cpu"] / images, 1),
@@ -104,22 +119,27 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
             "p95_latency_s": round(percentile(total["latencies"], 0.95), 3), "errors": total["errors"][:5],
             "error_count": len(total["errors"])}
     on, off = max_batch, 1
+    shown_polls = polls if len(polls) > 1 else (None,)
 
-    def ipm(n: int, batch: int, kind: str) -> float:
-        return rows[f"{n}_clients_batch_{batch}_{kind}"]["images_per_minute"]
+    def ipm(n: int, batch: int, kind: str, poll: float | None) -> float:
+        return rows[row_key(n, batch, kind, poll)]["images_per_minute"]
 
-    four_vs_one = {f"{kind}, batching {side}": round(ipm(4, batch, kind) / ipm(1, batch, kind), 3)
-                   for kind in kinds for side, batch in (("on", on), ("off", off))} if {1, 4} <= set(clients) else {}
+    four_vs_one = {f"{kind}, batching {side}" + ("" if poll is None else f", poll {poll:g} s"):
+                   round(ipm(4, batch, kind, poll) / ipm(1, batch, kind, poll), 3)
+                   for poll in shown_polls for kind in kinds for side, batch in (("on", on), ("off", off))
+                   } if {1, 4} <= set(clients) else {}
     return {"configs": rows, "bare_images_per_minute": round(bare_per_minute, 1), "rounds": rounds,
             "requests_per_client": requests_per_client, "load_average_per_round": [round(x, 2) for x in load],
             "calls_by_batch": dict(engine.calls_by_batch), "four_clients_vs_one": four_vs_one}
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| client | clients | max batch | images/min | / bare calls | p50 latency | p95 latency | "
-             "CPU ms per image: server, clients | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| client | clients | max batch | queue poll | images/min | / bare calls | p50 latency | p95 latency | "
+             "CPU ms per image: server, clients | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["configs"].values():
-        lines.append(f"| {row['client']} | {row['clients']} | {row['max_batch']} | {row['images_per_minute']:.0f} | "
+        poll = "app's" if row["queue_poll_seconds"] is None else f"{row['queue_poll_seconds'] * 1000:g} ms"
+        lines.append(f"| {row['client']} | {row['clients']} | {row['max_batch']} | {poll} | "
+                     f"{row['images_per_minute']:.0f} | "
                      f"{row['ratio_to_bare']:.2f}x | {row['p50_latency_s'] * 1000:.0f} ms | "
                      f"{row['p95_latency_s'] * 1000:.0f} ms | {row['server_cpu_ms_per_image']:.0f}, "
                      f"{row['client_cpu_ms_per_image']:.0f} | {row['error_count']} |")
@@ -140,7 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--client-kinds", default="http,gradio_client",
                         help="which clients to run (benchmarks/load_clients.py): raw HTTP, gradio_client")
-    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--queue-polls", default="",
+                        help="Gradio queue poll intervals to compare, comma separated, the app's first (e.g. "
+                             "0.01,0.001; default: only the app's --queue-poll-seconds)")
+    parser.add_argument("--requests-per-client", type=int, default=8,
+                        help="requests each visitor makes back to back (short bursts are mostly ramp-up)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None)
@@ -162,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tpu_demo.device import execution_mode, synchronize
     from tpu_demo.launch.config import parse_config
     from tpu_demo.launch.serve import build_app, launch
+    from tpu_demo.web.gradio_queue import set_queue_polling
 
     port = _free_port()
     flags = ["--port", str(port), "--cache-dir", cache_dir, "--model", args.model, "--models", args.model,
@@ -189,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       previews=False)
         result = measure_load(f"http://127.0.0.1:{port}/", app.engine, fields, bare_call,
                               tuple(int(n) for n in args.clients.split(",")), args.requests_per_client, args.rounds,
-                              args.max_batch, tuple(args.client_kinds.split(",")))
+                              args.max_batch, tuple(args.client_kinds.split(",")),
+                              polls=tuple(float(x) for x in args.queue_polls.split(",") if x),
+                              set_poll=lambda seconds: set_queue_polling(app.demo, seconds))
     finally:
         app.demo.close()
         app.engine.close()
