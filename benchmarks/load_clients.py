@@ -6,11 +6,16 @@ waits for a line on stdin, then runs and prints one JSON line: wall seconds from
 the last image, images, each request's latency as the client saw it (submit to the last image
 downloaded) and this process's CPU seconds.
 
-Two kinds of client (``--client``):
+Three kinds of client (``--client``):
 
 - ``gradio_client``: the real ``gradio_client``, waiting on ``job.result()``. It downloads every
   output file, but it reads its event stream by polling a queue every 50 ms (gradio_client's
   ``stream_sse_v1plus``), so each request waits up to 50 ms after the server has finished.
+- ``gradio_client_one_ssl_context``: the same client handed one SSL context to reuse
+  (``ssl_verify=ssl.create_default_context()``, passed through to ``httpx`` as ``verify``).
+  ``gradio_client`` calls ``httpx.post`` / ``httpx.stream`` afresh for the join, the event stream
+  and each download, and each builds a new SSL context, loading certifi's CA bundle, even for an
+  ``http://`` URL: most of its CPU per request. This kind shows what is left without that.
 - ``http``: raw HTTP as a curl user or a browser does it, with ``httpx``: ``POST
   /gradio_api/call/generate``, read the event stream until ``complete``, then ``GET`` each image
   of the gallery. No polling: the latency is the server's. Each visitor keeps one session (a
@@ -37,10 +42,13 @@ INPUTS = ("prompt", "model", "mode", "resolution", "num_inference_steps", "guida
 
 
 class GradioClientVisitor:
-    def __init__(self, url: str):
+    def __init__(self, url: str, one_ssl_context: bool = False):
+        import ssl
+
         from gradio_client import Client
 
-        self.client = Client(url, verbose=False)
+        self.client = Client(url, verbose=False,
+                             **({"ssl_verify": ssl.create_default_context()} if one_ssl_context else {}))
 
     def generate(self, fields: dict) -> int:
         gallery, _preview = self.client.submit(**fields, api_name="/generate").result()
@@ -75,7 +83,8 @@ class HttpVisitor:
         return len(gallery)
 
 
-VISITORS = {"gradio_client": GradioClientVisitor, "http": HttpVisitor}
+VISITORS = {"gradio_client": GradioClientVisitor, "http": HttpVisitor,
+            "gradio_client_one_ssl_context": lambda url: GradioClientVisitor(url, one_ssl_context=True)}
 
 
 def main() -> int:

@@ -157,9 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="compiled")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument("--batch-wait-seconds", type=float, default=None, help="the app's flag (default: its own)")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--client-kinds", default="http,gradio_client",
-                        help="which clients to run (benchmarks/load_clients.py): raw HTTP, gradio_client")
+                        help="which clients to run (benchmarks/load_clients.py): http (raw HTTP), gradio_client, "
+                             "gradio_client_one_ssl_context")
     parser.add_argument("--queue-polls", default="",
                         help="Gradio queue poll intervals to compare, comma separated, the app's first (e.g. "
                              "0.01,0.001; default: only the app's --queue-poll-seconds)")
@@ -193,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "--buckets", args.resolution, "--mode", args.mode, "--compile-backend", args.compile_backend,
              "--no-warmup", "--max-batch", str(args.max_batch), "--max-per-ip", "0", "--max-queue", "64",
              "--threads", str(args.threads)]
+    if args.batch_wait_seconds is not None:
+        flags += ["--batch-wait-seconds", str(args.batch_wait_seconds)]
     app = build_app(parse_config(flags, environ={}))
     launch(app, prevent_thread_lock=True, quiet=True)
     try:
@@ -221,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.demo.close()
         app.engine.close()
     result.update(model=args.model, resolution=args.resolution, steps=args.steps, mode=args.mode,
+                  batch_wait_seconds=app.engine.config.batch_wait_seconds,
                   compile_backend=args.compile_backend, threads=args.threads, cpu_count=os.cpu_count())
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

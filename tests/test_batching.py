@@ -293,24 +293,37 @@ def _timed_wait(queue, max_size: int, timeout: float) -> float:
     return time.monotonic() - started
 
 
-def test_a_call_waits_for_its_batch_only_while_several_visitors_are_about():
+def _crowd_of(size: int):
+    """An ImageQueue that just had ``size`` requests in its line together, all finished but the first two."""
+    from tpu_demo.engine.batching import ImageQueue
+
+    queue = ImageQueue()
+    crowd = [_pending(seed) for seed in range(size)]
+    for pending in crowd:
+        queue.add(pending)
+    for pending in crowd[2:]:
+        pending.finish()
+    return queue
+
+
+def test_a_call_waits_for_as_many_requests_as_were_about_together():
     from tpu_demo.engine.batching import ImageQueue
 
     lone = ImageQueue()
     lone.add(_pending(1))
     assert _timed_wait(lone, 4, 1.0) < 0.1  # one visitor: no wait at all
 
-    crowd = ImageQueue()
-    crowd.add(_pending(1))
-    crowd.add(_pending(2))  # two requests about: a call of 4 waits for two more images
-    late = [threading.Timer(0.1, crowd.add, [_pending(3)]), threading.Timer(0.2, crowd.add, [_pending(4)])]
+    pair = _crowd_of(2)
+    assert _timed_wait(pair, 4, 1.0) < 0.1  # two visitors, both waiting: a call of 4 does not wait for more
+
+    crowd = _crowd_of(4)  # four were about; two wait now: a call of 4 waits for two more images
+    late = [threading.Timer(0.1, crowd.add, [_pending(13)]), threading.Timer(0.2, crowd.add, [_pending(14)])]
     for timer in late:
         timer.start()
     waited = _timed_wait(crowd, 4, 2.0)
     assert 0.15 < waited < 1.0, waited  # returned when the fourth image arrived, not at the timeout
     assert _timed_wait(crowd, 4, 2.0) < 0.05  # four wait now: no wait
 
-    short = ImageQueue()
-    short.add(_pending(1))
-    short.add(_pending(2))
+    short = _crowd_of(4)
     assert 0.25 <= _timed_wait(short, 4, 0.3) < 1.0  # nobody else comes: it waits the timeout, no longer
+    assert _timed_wait(_crowd_of(4), 2, 1.0) < 0.1  # a call of at most 2 has its two: no wait

@@ -13,7 +13,8 @@ triggers the compile of a batch size; sizes are warmed like buckets (``Engine.wa
 A call may wait a moment for its batch to fill (``wait_for_batch``, ``--batch-wait-seconds``):
 visitors who each wait for their last image before asking again arrive staggered, a few tens
 of milliseconds apart, and a call started at once would take them one by one. It waits only
-while several requests have been about lately, so a lone visitor never waits.
+for as many requests as were in the line together lately (the crowd), so a lone visitor never
+waits and two visitors never wait for a batch of 4.
 
 Images are never padded: a batch of 4 that only 3 images want runs as 2 + 1 (on CPU a padded
 image costs a whole image of compute; see docs/generation.md).
@@ -35,7 +36,7 @@ from tpu_demo.core.request import GenerationRequest
 
 #: the last event of every request's stream
 END = object()
-#: a call waits for its batch to fill only if two or more requests were about this recently (seconds)
+#: how long a crowd (requests in the line together) is remembered when a call waits for its batch (seconds)
 CROWD_MEMORY_SECONDS = 2.0
 
 
@@ -113,7 +114,8 @@ class ImageQueue:
         self._arrived = threading.Condition(self._lock)
         self._line: list[PendingRequest] = []
         self.clock = clock
-        self._crowded_at = float("-inf")  # when two or more requests were last in the line together
+        # the crowd: most requests in the line together lately, and when it was last that many
+        self._crowd, self._crowd_at = 0, float("-inf")
 
     def add(self, pending: PendingRequest) -> None:
         with self._lock:
@@ -122,24 +124,28 @@ class ImageQueue:
             self._arrived.notify_all()
 
     def _note_crowd(self) -> None:
-        if sum(1 for p in self._line if not p.finished) >= 2:
-            self._crowded_at = self.clock()
+        together, now = sum(1 for p in self._line if not p.finished), self.clock()
+        if together >= self._crowd or now - self._crowd_at > CROWD_MEMORY_SECONDS:
+            self._crowd, self._crowd_at = together, now
 
     def wait_for_batch(self, max_size: int, timeout: float) -> None:
-        """Wait up to ``timeout`` s until ``max_size`` images of the oldest waiting request's shape
-        wait, if several requests were about in the last CROWD_MEMORY_SECONDS; else return at once."""
+        """Wait up to ``timeout`` s until as many images of the oldest waiting request's shape wait
+        as the crowd of the last CROWD_MEMORY_SECONDS had requests (at most ``max_size``); return
+        at once when that crowd was one request."""
         if max_size <= 1 or timeout <= 0:
             return
         deadline = self.clock() + timeout
         with self._lock:
-            if self.clock() - self._crowded_at > CROWD_MEMORY_SECONDS:
+            recent = self.clock() - self._crowd_at <= CROWD_MEMORY_SECONDS
+            wanted = min(max_size, self._crowd if recent else 0)
+            if wanted <= 1:
                 return
             while True:
                 candidates = [p for p in self._line if p.waiting_images > 0]
                 if not candidates:
                     return
                 shape = candidates[0].shape
-                if sum(p.waiting_images for p in candidates if p.shape == shape) >= max_size:
+                if sum(p.waiting_images for p in candidates if p.shape == shape) >= wanted:
                     return
                 left = deadline - self.clock()
                 if left <= 0:

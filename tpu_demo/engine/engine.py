@@ -75,7 +75,7 @@ class EngineConfig:
     #: and at most one preview per this many seconds of wall time, counted from the image's start
     preview_seconds: float = 0.25
     #: with max_batch > 1, how long a call may wait for its batch to fill while several requests are about
-    batch_wait_seconds: float = 0.02
+    batch_wait_seconds: float = 0.05
 
 
 class Engine:
