@@ -74,7 +74,7 @@ class EngineConfig:
     max_batch: int = 1
     #: and at most one preview per this many seconds of wall time, counted from the image's start
     preview_seconds: float = 0.25
-    #: with max_batch > 1, how long a call may wait for its batch to fill while several requests are about
+    #: with max_batch > 1, how long a call may wait for its batch to fill (ImageQueue.wait_for_batch)
     batch_wait_seconds: float = 0.05
 
 

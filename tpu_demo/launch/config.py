@@ -142,9 +142,8 @@ class AppConfig:
                           "steps, guidance) share a call at a warm static batch size 1, 2 or 4 up to this; "
                           "each size is warmed like a bucket (1: no batching)", _batch_size)
     batch_wait_seconds: float = flag(0.05, "with --max-batch above 1, how long a call may wait for its batch to "
-                                     "fill: for as many requests as were in line together lately (a lone visitor never "
-                                     "waits)",
-                                     _non_negative_float)
+                                     "fill: for as many requests as were in line together lately (a lone "
+                                     "visitor never waits)", _non_negative_float)
     queue_poll_seconds: float = flag(0.01, "how often Gradio's queue looks for a free worker (Gradio's default "
                                      "0.001 wakes the server 1000 times a second, taking the GIL from the device "
                                      "thread)", _positive_float)
