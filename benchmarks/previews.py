@@ -32,23 +32,26 @@ from PIL import Image
 
 @dataclass(frozen=True)
 class PreviewCase:
-    """One request shape to measure: a model at one bucket."""
+    """One request shape to measure: a model at one bucket (and the app's --preview-seconds, if not the default)."""
 
     model: str
     resolution: str
     steps: int
     num_images: int = 2
+    preview_seconds: float | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.model} {self.resolution} {self.steps} steps x{self.num_images}"
+        rate = "" if self.preview_seconds is None else f", --preview-seconds {self.preview_seconds:g}"
+        return f"{self.model} {self.resolution} {self.steps} steps x{self.num_images}{rate}"
 
 
-#: The embedded default at its only bucket (true CFG: two transformer calls a step) and tiny FLUX at
-#: 128x128; at 8 steps a tiny FLUX image is done before a preview could be seen, so the same bucket
-#: at 48 steps measures what streamed previews cost.
-DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 8),
-                 PreviewCase("tiny-flux", "128x128", 48))
+#: The embedded default as a visitor first meets it (true CFG: two transformer calls a step), tiny
+#: FLUX at 128x128 and 48 steps, and tiny FLUX.2 at 128x128 and 50 steps, whose images take long
+#: enough here (0.3-0.6 s) to show previews at the default rate; then the same tiny FLUX request
+#: with previews five times as often as the default (one per 0.05 s): the upper bound of their cost.
+DEFAULT_CASES = (PreviewCase("tiny-shapes", "64x64", 12), PreviewCase("tiny-flux", "128x128", 48),
+                 PreviewCase("tiny-flux2", "128x128", 50), PreviewCase("tiny-flux", "128x128", 48, preview_seconds=0.05))
 PROMPT = "a red circle on a white background"
 
 
@@ -68,6 +71,17 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def finished_and_preview(update: Any) -> tuple[list, bool]:
+    """(the finished images, whether this update carried a preview) of one /generate update: a
+    (gallery, preview HTML) pair, or, from an app before the preview had its own output
+    (``--app-repo``), a gallery whose last item is the preview."""
+    if isinstance(update, tuple):
+        gallery, preview = update
+        return list(gallery or []), bool(preview)
+    finished = [item for item in update if not (item.get("caption") or "").startswith("preview")]
+    return finished, len(finished) < len(update)
+
+
 def _one_request(client: Any, case: PreviewCase, mode: str, seed: int, previews: bool,
                  server_pid: int | None = None) -> dict[str, Any]:
     """One /generate request consumed to its end, as a visitor's client sees it."""
@@ -78,10 +92,10 @@ def _one_request(client: Any, case: PreviewCase, mode: str, seed: int, previews:
                         num_images=case.num_images, previews=previews, api_name="/generate")
     updates = list(job)
     seconds = time.perf_counter() - started
-    final = [item for item in updates[-1] if not (item.get("caption") or "").startswith("preview")]
+    final, _ = finished_and_preview(updates[-1])
     if len(final) != case.num_images:
         raise RuntimeError(f"{case.label}: {len(final)} of {case.num_images} images came back")
-    frames = sum(1 for update in updates if update and (update[-1].get("caption") or "").startswith("preview"))
+    frames = sum(1 for update in updates if finished_and_preview(update)[1])
     return {"seconds": seconds, "denoise": [_denoise_seconds(item) for item in final], "updates": len(updates),
             "frames": frames, "server_cpu": _cpu_seconds(server_pid) - server_cpu}
 
@@ -119,7 +133,11 @@ def measure_case(url: str, case: PreviewCase, pairs: int, mode: str = "eager",
     # per image, pair by pair: image k of request i with previews on vs the same image with them off
     denoise_on = [d for run in runs[True] for d in run["denoise"]]
     denoise_off = [d for run in runs[False] for d in run["denoise"]]
+    cpu_on, cpu_off = (statistics.median(r["server_cpu"] for r in runs[side]) for side in (True, False))
+    frames = statistics.median(r["frames"] for r in runs[True])
     return {"case": case.label, "mode": mode, "pairs": pairs,
+            # the server's extra CPU per preview streamed: what one update costs, whatever the load
+            "server_cpu_ms_per_preview": round(1000 * (cpu_on - cpu_off) / frames, 2) if frames else None,
             "denoise_per_image": _ratio_summary(denoise_on, denoise_off),
             "whole_request": _ratio_summary([r["seconds"] for r in runs[True]], [r["seconds"] for r in runs[False]]),
             "updates_per_request": {"on": statistics.median(r["updates"] for r in runs[True]),
@@ -168,10 +186,13 @@ def measure_end_to_end(url: str, cases: Sequence[PreviewCase], pairs: int, mode:
 
 
 def app_flags(port: int, cache_dir: Path, cases: Sequence[PreviewCase], threads: int | None) -> list[str]:
-    """An app offering every case's model, warmup off (each case warms its own bucket)."""
+    """An app offering every case's model, warmup off (each case warms its own bucket); the cases share
+    one --preview-seconds."""
     models = ",".join(dict.fromkeys(case.model for case in cases))
     flags = ["--port", str(port), "--cache-dir", str(cache_dir), "--models", models, "--model", cases[0].model,
              "--no-warmup", "--compile-backend", "aot_eager"]
+    if cases[0].preview_seconds is not None:
+        flags += ["--preview-seconds", str(cases[0].preview_seconds)]
     return flags + (["--threads", str(threads)] if threads else [])
 
 
@@ -214,26 +235,32 @@ def app_process(flags: list[str], port: int, timeout: float = 300.0, repo: Path 
 
 def run(cases: Sequence[PreviewCase], pairs: int, cache_dir: Path, threads: int | None = 1,
         mode: str = "eager", repo: Path | None = None) -> dict[str, Any]:
-    """Start the app process for ``cases`` and measure each of them."""
+    """Start an app process per --preview-seconds among ``cases`` and measure each case."""
     from benchmarks.run import _free_port
 
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
-            app_process(app_flags(port, cache_dir, cases, threads), port, repo=repo,
-                        gradio_cache=Path(gradio_cache)) as (url, pid):
-        return measure_end_to_end(url, cases, pairs, mode, Path(gradio_cache), pid)
+    figures = {}
+    for rate in dict.fromkeys(case.preview_seconds for case in cases):
+        group = [case for case in cases if case.preview_seconds == rate]
+        port = _free_port()
+        with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
+                app_process(app_flags(port, cache_dir, group, threads), port, repo=repo,
+                            gradio_cache=Path(gradio_cache)) as (url, pid):
+            figures.update(measure_end_to_end(url, group, pairs, mode, Path(gradio_cache), pid))
+    return figures
 
 
 def markdown_rows(figures: dict[str, Any]) -> list[str]:
     rows = []
     for label, f in figures.items():
         d, w = f["denoise_per_image"], f["whole_request"]
+        per_preview = "" if f["server_cpu_ms_per_preview"] is None else f" ({f['server_cpu_ms_per_preview']:.1f} per preview)"
         rows.append(f"| {label} ({f['mode']}) | {d['ratio']:.3f}x ({d['pair_ratio_min']:.2f}-{d['pair_ratio_max']:.2f}; "
                     f"{d['off_ms']:.0f} -> {d['on_ms']:.0f} ms; fastest/fastest {d['best_ratio']:.3f}x) | "
                     f"{w['ratio']:.3f}x ({w['pair_ratio_min']:.2f}-{w['pair_ratio_max']:.2f}; fastest/fastest "
                     f"{w['best_ratio']:.3f}x) | {f['preview_frames_per_request']:g} frames, "
                     f"{f['updates_per_request']['on']:g} vs {f['updates_per_request']['off']:g} updates | "
-                    f"{f['server_cpu_ms_per_request']['off']:.0f} -> {f['server_cpu_ms_per_request']['on']:.0f} | {f['pairs']} |")
+                    f"{f['server_cpu_ms_per_request']['off']:.0f} -> {f['server_cpu_ms_per_request']['on']:.0f}"
+                    f"{per_preview} | {f['pairs']} |")
     return ["| request | denoise per image, on / off (pair spread; off -> on) | whole request, on / off | "
             "streamed per request (on vs off) | server CPU ms per request, off -> on | pairs |",
             "|---|---|---|---|---|---|", *rows, "", *stream_rows(figures)]

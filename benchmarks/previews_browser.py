@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from benchmarks.previews import DEFAULT_CASES, _ratio_summary, app_flags, app_pr
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# (an app from before the live preview had its own output showed it as a gallery item captioned "preview ...")
 FINISHED = '#gallery .grid-container img:not([alt^="preview"])'
 PROMPT = "a red circle on a white background"
 

@@ -268,7 +268,7 @@ def measure_app_overhead(bench: Bench) -> dict[str, Any]:
     def through_app() -> None:
         job = client.submit(**bench.fields(seed=next(a_seeds)), api_name="/generate")
         updates = list(job)
-        if not updates or not updates[-1]:
+        if not updates or not updates[-1][0]:  # each update: (gallery, live preview)
             raise RuntimeError("the app returned no image")
 
     pairs = interleaved_pairs(through_app, lambda: bench.bare_call(next(b_seeds)), bench.args.pairs)
@@ -320,7 +320,7 @@ def measure_throughput(bench: Bench, bare_image_s: float) -> dict[str, Any]:
         for request in range(bench.args.requests_per_client):
             try:
                 updates = list(client.submit(**bench.fields(seed=10_000 + 100 * index + request), api_name="/generate"))
-                done.append(len(updates[-1]))
+                done.append(len(updates[-1][0]))
             except Exception as error:  # noqa: BLE001 - counted and reported
                 errors.append(str(error)[:200])
 
@@ -340,13 +340,14 @@ def measure_throughput(bench: Bench, bare_image_s: float) -> dict[str, Any]:
 
 
 def measure_load_section(bench: Bench) -> dict[str, Any]:
-    """1, 4, 16 clients (smoke: 1, 2), batching off and on, interleaved (benchmarks/throughput.py)."""
+    """1, 4, 16 clients (smoke: 1, 2), batching off and on, raw HTTP and gradio_client clients,
+    interleaved (benchmarks/throughput.py)."""
     from benchmarks.throughput import measure_load
     from tpu_demo.core.modes import ExecutionMode
 
     bench.engine.warmup(bench.spec.id, ExecutionMode.COMPILED, buckets=(bench.bucket,))  # every batch size
     clients = (1, 2) if bench.args.smoke else (1, 4, 16)
-    rounds, per_client = (1, 1) if bench.args.smoke else (3, 3)
+    rounds, per_client = (1, 1) if bench.args.smoke else (3, 8)
     return measure_load(bench.url, bench.engine, bench.fields(seed=0), lambda seed: bench.bare_call(seed),
                         clients, per_client, rounds, bench.engine.max_batch)
 
@@ -540,7 +541,7 @@ def markdown_table(results: dict[str, Any]) -> str:
     rows.append((f"throughput, queue saturated by {t['clients']} clients", f"{t['images_per_minute']:.0f} images/min "
                  f"({t['ratio_to_bare']:.2f}x of back-to-back bare calls; {t['images']} images, {len(t['errors'])} errors)", "\u2013", "\u2013"))
     for row in f["load"]["configs"].values():
-        rows.append((f"load: {row['clients']} client(s), max batch {row['max_batch']}",
+        rows.append((f"load: {row['clients']} client(s), max batch {row['max_batch']} ({row['client']} clients)",
                      f"{row['images_per_minute']:.0f} images/min ({row['ratio_to_bare']:.2f}x of bare calls; p50 "
                      f"{1000 * row['p50_latency_s']:.0f} ms, p95 {1000 * row['p95_latency_s']:.0f} ms; "
                      f"{row['error_count']} errors)",

@@ -31,23 +31,30 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def run_clients(url: str, clients: int, requests: int, fields: dict[str, Any]) -> dict[str, Any]:
-    """One burst: ``clients`` visitors in another process, ``requests`` each, back to back."""
+def run_clients(url: str, clients: int, requests: int, fields: dict[str, Any], kind: str = "http") -> dict[str, Any]:
+    """One burst: ``clients`` visitors of ``kind`` in another process, ``requests`` each, back to back;
+    adds the CPU seconds this process (the server) spent meanwhile."""
     command = [sys.executable, "-m", "benchmarks.load_clients", "--url", url, "--clients", str(clients),
-               "--requests", str(requests), "--fields", json.dumps(fields)]
+               "--requests", str(requests), "--fields", json.dumps(fields), "--client", kind]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         ready = process.stdout.readline()
         if ready.strip() != "READY":
             raise RuntimeError(f"load clients did not start: {ready!r}")
+        server_cpu = time.process_time()
         process.stdin.write("go\n")
         process.stdin.flush()
         line = process.stdout.readline()
+        server_cpu = time.process_time() - server_cpu
         process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    return json.loads(line)
+    return {**json.loads(line), "server_cpu_seconds": server_cpu}
+
+
+def row_key(clients: int, batch: int, kind: str, poll: float | None) -> str:
+    return f"{clients}_clients_batch_{batch}_{kind}" + ("" if poll is None else f"_poll_{poll:g}")
 
 
 def bare_block(bare_call: Callable[[int], Any], images: int) -> float:
@@ -60,10 +67,15 @@ def bare_block(bare_call: Callable[[int], Any], images: int) -> float:
 
 def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Callable[[int], Any],
                  clients: Sequence[int] = (1, 4, 16), requests_per_client: int = 3, rounds: int = 3,
-                 max_batch: int = 4) -> dict[str, Any]:
-    """Every (clients, batching) configuration ``rounds`` times, interleaved, plus bare blocks."""
-    configs = [(n, batch) for n in clients for batch in (1, max_batch)]
-    totals = {config: {"seconds": 0.0, "images": 0, "latencies": [], "errors": []} for config in configs}
+                 max_batch: int = 4, kinds: Sequence[str] = ("http", "gradio_client"),
+                 polls: Sequence[float] = (), set_poll: Callable[[float], Any] = lambda seconds: None,
+                 ) -> dict[str, Any]:
+    """Every (clients, batching, client kind, queue poll) configuration ``rounds`` times, interleaved,
+    plus bare blocks (run with the server idle at the first of ``polls``, the app's own setting)."""
+    configs = [(n, batch, kind, poll) for poll in (polls or (None,)) for kind in kinds for n in clients
+               for batch in (1, max_batch)]
+    totals = {config: {"seconds": 0.0, "images": 0, "latencies": [], "errors": [], "server_cpu": 0.0,
+                       "client_cpu": 0.0} for config in configs}
     bare_seconds = bare_images = 0.0
     load = []
     for round_index in range(rounds):
@@ -71,51 +83,69 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
         if round_index % 2:
             order.reverse()
         n_bare = 4 * requests_per_client
+        if polls:
+            set_poll(polls[0])
         bare_seconds += bare_block(bare_call, n_bare)
         bare_images += n_bare
-        for n, batch in order:
+        for n, batch, kind, poll in order:
             engine.set_max_batch(batch)
-            burst = run_clients(url, n, requests_per_client, fields)
-            total = totals[(n, batch)]
+            if poll is not None:
+                set_poll(poll)
+            burst = run_clients(url, n, requests_per_client, fields, kind)
+            total = totals[(n, batch, kind, poll)]
             total["seconds"] += burst["seconds"]
             total["images"] += burst["images"]
             total["latencies"] += burst["latencies"]
             total["errors"] += burst["errors"]
+            total["server_cpu"] += burst["server_cpu_seconds"]
+            total["client_cpu"] += burst["client_cpu_seconds"]
         load.append(os.getloadavg()[0])
     engine.set_max_batch(max_batch)
+    if polls:
+        set_poll(polls[0])
     bare_per_minute = 60 * bare_images / bare_seconds
     rows = {}
-    for (n, batch), total in totals.items():
+    for (n, batch, kind, poll), total in totals.items():
         per_minute = 60 * total["images"] / total["seconds"]
-        rows[f"{n}_clients_batch_{batch}"] = {
-            "clients": n, "max_batch": batch, "images_per_minute": round(per_minute, 1),
+        images = max(total["images"], 1)
+        rows[row_key(n, batch, kind, poll if len(polls) > 1 else None)] = {
+            "clients": n, "max_batch": batch, "client": kind, "queue_poll_seconds": poll,
+            "images_per_minute": round(per_minute, 1),
+            # CPU per image: the server process (every thread: Gradio, handlers, the device thread) and the clients'
+            "server_cpu_ms_per_image": round(1000 * total["server_cpu"] / images, 1),
+            "client_cpu_ms_per_image": round(1000 * total["client_cpu"] / images, 1),
             "ratio_to_bare": round(per_minute / bare_per_minute, 3), "images": total["images"],
             "p50_latency_s": round(percentile(total["latencies"], 0.5), 3),
             "p95_latency_s": round(percentile(total["latencies"], 0.95), 3), "errors": total["errors"][:5],
             "error_count": len(total["errors"])}
     on, off = max_batch, 1
+    shown_polls = polls if len(polls) > 1 else (None,)
 
-    def ipm(n: int, batch: int) -> float:
-        return rows[f"{n}_clients_batch_{batch}"]["images_per_minute"]
+    def ipm(n: int, batch: int, kind: str, poll: float | None) -> float:
+        return rows[row_key(n, batch, kind, poll)]["images_per_minute"]
 
+    four_vs_one = {f"{kind}, batching {side}" + ("" if poll is None else f", poll {poll:g} s"):
+                   round(ipm(4, batch, kind, poll) / ipm(1, batch, kind, poll), 3)
+                   for poll in shown_polls for kind in kinds for side, batch in (("on", on), ("off", off))
+                   } if {1, 4} <= set(clients) else {}
     return {"configs": rows, "bare_images_per_minute": round(bare_per_minute, 1), "rounds": rounds,
             "requests_per_client": requests_per_client, "load_average_per_round": [round(x, 2) for x in load],
-            "calls_by_batch": dict(engine.calls_by_batch),
-            "four_clients_vs_one_batching_on": round(ipm(4, on) / ipm(1, on), 3) if 1 in clients and 4 in clients else None,
-            "four_clients_vs_one_batching_off": round(ipm(4, off) / ipm(1, off), 3) if 1 in clients and 4 in clients else None}
+            "calls_by_batch": dict(engine.calls_by_batch), "four_clients_vs_one": four_vs_one}
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| clients | max batch | images/min | / bare calls | p50 latency | p95 latency | errors |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| client | clients | max batch | queue poll | images/min | / bare calls | p50 latency | p95 latency | "
+             "CPU ms per image: server, clients | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["configs"].values():
-        lines.append(f"| {row['clients']} | {row['max_batch']} | {row['images_per_minute']:.0f} | "
+        poll = "app's" if row["queue_poll_seconds"] is None else f"{row['queue_poll_seconds'] * 1000:g} ms"
+        lines.append(f"| {row['client']} | {row['clients']} | {row['max_batch']} | {poll} | "
+                     f"{row['images_per_minute']:.0f} | "
                      f"{row['ratio_to_bare']:.2f}x | {row['p50_latency_s'] * 1000:.0f} ms | "
-                     f"{row['p95_latency_s'] * 1000:.0f} ms | {row['error_count']} |")
+                     f"{row['p95_latency_s'] * 1000:.0f} ms | {row['server_cpu_ms_per_image']:.0f}, "
+                     f"{row['client_cpu_ms_per_image']:.0f} | {row['error_count']} |")
     lines.append(f"\nbare back-to-back calls: {result['bare_images_per_minute']:.0f} images/min; 4 clients / 1 client: "
-                 f"{result['four_clients_vs_one_batching_on']}x batching on, {result['four_clients_vs_one_batching_off']}x "
-                 f"off; load average per round {result['load_average_per_round']}; calls by batch size "
-                 f"{result['calls_by_batch']}")
+                 f"{result['four_clients_vs_one']}; load average per round {result['load_average_per_round']}; "
+                 f"calls by batch size {result['calls_by_batch']}")
     return "\n".join(lines)
 
 
@@ -127,8 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="compiled")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument("--batch-wait-seconds", type=float, default=None, help="the app's flag (default: its own)")
     parser.add_argument("--clients", default="1,4,16")
-    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--client-kinds", default="http,gradio_client",
+                        help="which clients to run (benchmarks/load_clients.py): http (raw HTTP), gradio_client, "
+                             "gradio_client_one_ssl_context")
+    parser.add_argument("--queue-polls", default="",
+                        help="Gradio queue poll intervals to compare, comma separated, the app's first (e.g. "
+                             "0.01,0.001; default: only the app's --queue-poll-seconds)")
+    parser.add_argument("--requests-per-client", type=int, default=8,
+                        help="requests each visitor makes back to back (short bursts are mostly ramp-up)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", default=None)
@@ -150,12 +188,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tpu_demo.device import execution_mode, synchronize
     from tpu_demo.launch.config import parse_config
     from tpu_demo.launch.serve import build_app, launch
+    from tpu_demo.web.gradio_queue import set_queue_polling
 
     port = _free_port()
     flags = ["--port", str(port), "--cache-dir", cache_dir, "--model", args.model, "--models", args.model,
              "--buckets", args.resolution, "--mode", args.mode, "--compile-backend", args.compile_backend,
              "--no-warmup", "--max-batch", str(args.max_batch), "--max-per-ip", "0", "--max-queue", "64",
              "--threads", str(args.threads)]
+    if args.batch_wait_seconds is not None:
+        flags += ["--batch-wait-seconds", str(args.batch_wait_seconds)]
     app = build_app(parse_config(flags, environ={}))
     launch(app, prevent_thread_lock=True, quiet=True)
     try:
@@ -177,11 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                       previews=False)
         result = measure_load(f"http://127.0.0.1:{port}/", app.engine, fields, bare_call,
                               tuple(int(n) for n in args.clients.split(",")), args.requests_per_client, args.rounds,
-                              args.max_batch)
+                              args.max_batch, tuple(args.client_kinds.split(",")),
+                              polls=tuple(float(x) for x in args.queue_polls.split(",") if x),
+                              set_poll=lambda seconds: set_queue_polling(app.demo, seconds))
     finally:
         app.demo.close()
         app.engine.close()
     result.update(model=args.model, resolution=args.resolution, steps=args.steps, mode=args.mode,
+                  batch_wait_seconds=app.engine.config.batch_wait_seconds,
                   compile_backend=args.compile_backend, threads=args.threads, cpu_count=os.cpu_count())
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

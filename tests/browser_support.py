@@ -18,8 +18,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
-#: The gallery's finished images: thumbnails, not live step previews (captioned "preview ...").
-GALLERY_IMAGES = '#gallery .grid-container img:not([alt^="preview"])'
+#: The gallery's finished images (live previews are shown apart, in #live-preview).
+GALLERY_IMAGES = '#gallery .grid-container img'
 
 
 def launch_chromium(playwright: Any) -> Any:

@@ -3,7 +3,11 @@
 The running app comes from conftest's fixtures (``launch_app``, ``served_app``); this module holds no fixtures.
 """
 
+import base64
+import html
+import io
 import json
+import re
 import time
 
 import httpx
@@ -34,7 +38,7 @@ def reference(app, **fields) -> np.ndarray:
 
 
 def good_request_works(client, app, seed=7) -> None:
-    (item,) = client.predict(**request_fields(seed=seed, **GOOD), api_name="/generate")
+    (item,), _ = client.predict(**request_fields(seed=seed, **GOOD), api_name="/generate")
     assert np.array_equal(pixels(item), reference(app, seed=seed))
 
 
@@ -100,11 +104,24 @@ def raising_once(error: BaseException):
 
 
 
+def preview_caption(preview_html: str) -> str:
+    """``preview · image i · step s/N`` from the live preview output (web/outputs.py's figure)."""
+    match = re.search(r"<figcaption>(.*?)</figcaption>", preview_html)
+    assert match, preview_html
+    return html.unescape(match.group(1))
+
+
+def preview_image(preview_html: str) -> Image.Image:
+    """The live preview's pixels, decoded from its inline ``data:`` URL."""
+    match = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', preview_html)
+    assert match, preview_html
+    return Image.open(io.BytesIO(base64.b64decode(match.group(1))))
+
+
 def stopped_early(job, total: int) -> int:
     """A job that was stopped: it ends with an error saying how many of its ``total`` images were
     finished (never a success with a short gallery); returns that number, checked against the
     finished images it streamed."""
-    import re
 
     from gradio_client.exceptions import AppError
 
@@ -116,6 +133,6 @@ def stopped_early(job, total: int) -> int:
     else:
         raise AssertionError("a stopped request returned success")
     finished = int(match.group(1))
-    streamed = job.outputs()[-1] if job.outputs() else []
-    assert finished < total and len([item for item in streamed if not item["caption"].startswith("preview")]) == finished
+    streamed, preview = job.outputs()[-1] if job.outputs() else ([], "")
+    assert finished < total and len(streamed) == finished and not preview
     return finished

@@ -7,23 +7,19 @@ from PIL import Image
 from conftest import request_fields
 
 
-def finished_images(update):
-    return [item for item in update if not (item.get("caption") or "").startswith("preview")]
-
-
 def test_generate_streams_one_gallery_update_per_image(launch_app):
     app, url = launch_app("--no-warmup")
     client = Client(url, verbose=False)
     job = client.submit(**request_fields(num_images=3, seed=100, previews=False), api_name="/generate")
-    updates = [len(update) for update in job]
-    assert updates == [1, 2, 3]
-    final = job.outputs()[-1]
+    updates = [(len(gallery), preview) for gallery, preview in job]
+    assert updates == [(1, ""), (2, ""), (3, "")]
+    final, _ = job.outputs()[-1]
     images = [Image.open(item["image"]) for item in final]
     assert [image.size for image in images] == [(64, 64)] * 3
     assert "seed 100" in final[0]["caption"] and "seed 102" in final[2]["caption"]
     # the same request again gives the same pixels (seed + i)
-    again = client.predict(**request_fields(num_images=1, seed=101), api_name="/generate")
-    assert np.array_equal(np.asarray(Image.open(finished_images(again)[0]["image"])), np.asarray(images[1]))
+    (again,), _ = client.predict(**request_fields(num_images=1, seed=101), api_name="/generate")
+    assert np.array_equal(np.asarray(Image.open(again["image"])), np.asarray(images[1]))
 
 
 def test_api_lists_the_documented_parameters(launch_app):
@@ -46,7 +42,7 @@ def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
     rows = [line for line in table.splitlines() if line.startswith("| 64x64") or line.startswith("| 128x128")]
     assert len(rows) == 2 and all("warm" in row for row in rows), table
     compiled = app.engine.counter.count
-    result = Client(url, verbose=False).predict(**request_fields(mode="compiled", resolution="128x128", previews=False),
+    result, _ = Client(url, verbose=False).predict(**request_fields(mode="compiled", resolution="128x128", previews=False),
                                                 api_name="/generate")
     assert "warm" in result[0]["caption"] and app.engine.counter.count == compiled
 
@@ -58,7 +54,7 @@ def test_default_start_is_the_trained_tiny_shapes_model(launch_app):
     api = client.view_api(return_format="dict", print_info=False)
     defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
     assert (defaults["model"], defaults["resolution"], defaults["num_inference_steps"]) == ("tiny-shapes", "64x64", 12)
-    result = client.predict(prompt="a large red circle in the center on a white background", model="tiny-shapes",
+    result, _ = client.predict(prompt="a large red circle in the center on a white background", model="tiny-shapes",
                             mode="eager", resolution="64x64", num_inference_steps=12, guidance_scale=3.0, seed=0,
                             num_images=1, previews=False, api_name="/generate")
     image = np.asarray(Image.open(result[0]["image"]).convert("RGB"), dtype=float)
@@ -77,8 +73,8 @@ def test_compiled_mode_with_inductor_the_default_backend_matches_eager(launch_ap
     client = Client(url, verbose=False)
     fields = dict(prompt="a small blue square in the top left corner on a black background", model="tiny-shapes",
                   resolution="64x64", num_inference_steps=4, guidance_scale=3.0, seed=3, num_images=1, previews=False)
-    eager = client.predict(mode="eager", **fields, api_name="/generate")
-    compiled = client.predict(mode="compiled", **fields, api_name="/generate")
+    eager, _ = client.predict(mode="eager", **fields, api_name="/generate")
+    compiled, _ = client.predict(mode="compiled", **fields, api_name="/generate")
     # the PNG's own settings say what ran
     assert "compiled (inductor on cpu)" in Image.open(compiled[0]["image"]).info["parameters"]
     assert app.engine.counter.count >= 1  # inductor compiled at least one graph

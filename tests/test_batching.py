@@ -239,7 +239,7 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
         outcomes = []
         for _ in range(3):
             try:
-                (item,) = client.predict(**request_fields(seed=seeds[index], **GOOD), api_name="/generate")
+                (item,), _ = client.predict(**request_fields(seed=seeds[index], **GOOD), api_name="/generate")
                 outcomes.append(("ok", np.asarray(pixels(item), dtype=np.int16)))
             except QueueError as busy:
                 outcomes.append(("busy", str(busy)))
@@ -279,3 +279,51 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
     assert wait_until(lambda: not app.engine.status().busy, 10)
     health = httpx.get(url + "health").json()
     assert health["queue_length"] == 0 and health["running"] == 0
+
+
+def _pending(seed: int):
+    from tpu_demo.engine.batching import PendingRequest
+
+    return PendingRequest(validate_request(request_fields(seed=seed)), lambda event: None, threading.Event())
+
+
+def _timed_wait(queue, max_size: int, timeout: float) -> float:
+    started = time.monotonic()
+    queue.wait_for_batch(max_size, timeout)
+    return time.monotonic() - started
+
+
+def _crowd_of(size: int):
+    """An ImageQueue that just had ``size`` requests in its line together, all finished but the first two."""
+    from tpu_demo.engine.batching import ImageQueue
+
+    queue = ImageQueue()
+    crowd = [_pending(seed) for seed in range(size)]
+    for pending in crowd:
+        queue.add(pending)
+    for pending in crowd[2:]:
+        pending.finish()
+    return queue
+
+
+def test_a_call_waits_for_as_many_requests_as_were_about_together():
+    from tpu_demo.engine.batching import ImageQueue
+
+    lone = ImageQueue()
+    lone.add(_pending(1))
+    assert _timed_wait(lone, 4, 1.0) < 0.1  # one visitor: no wait at all
+
+    pair = _crowd_of(2)
+    assert _timed_wait(pair, 4, 1.0) < 0.1  # two visitors, both waiting: a call of 4 does not wait for more
+
+    crowd = _crowd_of(4)  # four were about; two wait now: a call of 4 waits for two more images
+    late = [threading.Timer(0.1, crowd.add, [_pending(13)]), threading.Timer(0.2, crowd.add, [_pending(14)])]
+    for timer in late:
+        timer.start()
+    waited = _timed_wait(crowd, 4, 2.0)
+    assert 0.15 < waited < 1.0, waited  # returned when the fourth image arrived, not at the timeout
+    assert _timed_wait(crowd, 4, 2.0) < 0.05  # four wait now: no wait
+
+    short = _crowd_of(4)
+    assert 0.25 <= _timed_wait(short, 4, 0.3) < 1.0  # nobody else comes: it waits the timeout, no longer
+    assert _timed_wait(_crowd_of(4), 2, 1.0) < 0.1  # a call of at most 2 has its two: no wait

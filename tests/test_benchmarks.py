@@ -115,8 +115,10 @@ def test_smoke_run_emits_every_figure(tmp_path):
     assert through_app["whole_request"]["on_ms"] > 0 and through_app["updates_per_request"]["off"] >= 1
     assert figures["throughput"]["images"] == 2 and figures["throughput"]["errors"] == []
     load = figures["load"]["configs"]  # 1 and 2 clients, batching off and on, one request each (smoke)
-    assert {(row["clients"], row["max_batch"]) for row in load.values()} == {(1, 1), (1, 4), (2, 1), (2, 4)}
+    assert sorted((row["clients"], row["max_batch"], row["client"]) for row in load.values()) == sorted(
+        (n, batch, kind) for n in (1, 2) for batch in (1, 4) for kind in ("http", "gradio_client"))
     assert all(row["images"] == row["clients"] and row["error_count"] == 0 for row in load.values())
+    assert all(row["server_cpu_ms_per_image"] > 0 and row["client_cpu_ms_per_image"] > 0 for row in load.values())
     restart = figures["restart"]
     assert restart["cold"]["all_warm"] and restart["with_cache"]["all_warm"] and restart["ratio"] > 0
     # the smoke compiles with aot_eager, which keeps no persistent cache: the status says "unknown", not "hit"

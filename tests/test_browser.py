@@ -5,6 +5,7 @@ One app and one browser for the module; each test opens a fresh context (an empt
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -169,6 +170,35 @@ def test_stop_ends_a_long_run_with_a_message(open_page):
         const images = document.querySelectorAll(selector);
         return images.length === 1 && images[0].src !== before && images[0].naturalWidth === 128;
       }""", arg=[GALLERY_IMAGES, first_before], timeout=30_000)
+
+
+# Records the live preview's alt text on every DOM mutation: window.__previews.
+OBSERVE_PREVIEW = """() => {
+  window.__previews = [];
+  const record = () => {
+    const img = document.querySelector('#live-preview img');
+    if (img && img.alt !== window.__previews[window.__previews.length - 1]) window.__previews.push(img.alt);
+  };
+  new MutationObserver(record).observe(document.querySelector('#live-preview'),
+                                       {childList: true, subtree: true, attributes: true});
+}"""
+
+
+def test_live_preview_shows_beside_the_gallery_and_clears_when_an_image_lands(open_page):
+    page, blocked, errors = open_page()
+    page.fill("#prompt textarea", "a green triangle on a black background")
+    choose(page, "resolution", "1:1 \u00b7 128x128")
+    page.click("#advanced button.label-wrap")
+    set_slider(page, "steps", 50)
+    set_slider(page, "num-images", 4)
+    page.evaluate(OBSERVE_PREVIEW)
+    page.click("#generate")
+    wait_for_gallery_images(page, 4)
+    previews = page.evaluate("window.__previews")
+    assert previews and all(re.fullmatch(r"preview \u00b7 image [1-4] \u00b7 step \d+/50", alt) for alt in previews), previews
+    assert page.locator(GALLERY_IMAGES).count() == 4  # previews never enter the gallery
+    page.wait_for_function("!document.querySelector('#live-preview img')", timeout=10_000)  # cleared at the end
+    assert blocked == [] and errors == []
 
 
 @pytest.mark.parametrize("color_scheme", ["light", "dark"])

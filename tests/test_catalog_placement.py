@@ -119,7 +119,7 @@ def test_unlisted_missing_and_tp_only_models_get_clear_errors(launch_app, tmp_pa
                        api_name="/generate")
     assert "needs tensor parallelism" in str(sharded.value) and "serve_tp.sh" in str(sharded.value)
     # nothing else is affected: the tiny model still serves
-    result = client.predict(**request_fields(previews=False), api_name="/generate")
+    result, _ = client.predict(**request_fields(previews=False), api_name="/generate")
     assert len(result) == 1
 
 

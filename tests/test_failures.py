@@ -72,10 +72,10 @@ def test_a_failed_bucket_warmup_marks_only_that_bucket(launch_app):
         assert health["failed_buckets"] == 1 and health["warm_buckets"] == 2
         client = Client(url, verbose=False)
         for resolution, size in (("64x64", (64, 64)), ("96x64", (96, 64))):
-            (item,) = client.predict(**request_fields(resolution=resolution, **GOOD), api_name="/generate")
+            (item,), _ = client.predict(**request_fields(resolution=resolution, **GOOD), api_name="/generate")
             assert Image.open(item["image"]).size == size
     # the failed bucket is tried again on demand once the fault is gone
-    (item,) = client.predict(**request_fields(resolution="128x128", **GOOD), api_name="/generate")
+    (item,), _ = client.predict(**request_fields(resolution="128x128", **GOOD), api_name="/generate")
     assert Image.open(item["image"]).size == (128, 128)
     assert app.engine.bucket_status(ShapeKey("tiny-flux", ExecutionMode.EAGER.value, "128x128")).state is BucketState.WARM
 

@@ -1,8 +1,5 @@
 """Limits on the real app: concurrent clients, the bounded queue, per-client shares, the time limit."""
 
-import json
-import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -10,17 +7,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
-from PIL import Image
 
 from tpu_demo.core.events import BucketState, ShapeKey
 from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.web.gradio_queue import set_queue_polling
 
 from conftest import request_fields
-from support import (GOOD, Hook, generate_fn_index, good_request_works, pixels, raising_once, raw_call, reference,
+from support import (GOOD, generate_fn_index, good_request_works, pixels, reference,
                      slow_steps, stopped_early, wait_until)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +33,7 @@ def test_sixteen_clients_three_requests_each_complete_or_are_told_busy(launch_ap
         outcomes = []
         for _ in range(3):
             try:
-                (item,) = client.predict(**request_fields(seed=seeds[client_index], **GOOD), api_name="/generate")
+                (item,), _ = client.predict(**request_fields(seed=seeds[client_index], **GOOD), api_name="/generate")
                 outcomes.append(("ok", pixels(item)))
             except QueueError as busy:
                 outcomes.append(("busy", str(busy)))
@@ -86,7 +82,7 @@ def test_full_queue_answers_busy_at_once(launch_app):
         # the full queue refuses generations only: Stop still reaches the running request
         client.predict(api_name="/stop")
         stopped_early(running, 4)
-        assert len(waiting.result()) == 1
+        assert len(waiting.result()[0]) == 1
 
 
 # ---- 2b. per-client limits -----------------------------------------------------------------
@@ -121,7 +117,7 @@ def test_one_request_per_session_and_a_few_per_address(launch_app):
         late = third.submit(**request_fields(seed=5, **GOOD), api_name="/generate")
         first.predict(api_name="/stop")  # ends the long request early (its finished images are kept)
         stopped_early(running, 4)
-        assert len(elsewhere.result()) == 1 and len(late.result()) == 1
+        assert len(elsewhere.result()[0]) == 1 and len(late.result()[0]) == 1
     # everything ended: the first session is admitted again (nothing leaked)
     good_request_works(first, app, seed=12)
 
@@ -145,8 +141,44 @@ def test_loading_and_compiling_do_not_count_against_the_time_limit(launch_app):
     app, url = launch_app("--no-warmup", "--request-timeout", "0.5")
     client = Client(url, verbose=False)
     started = time.monotonic()
-    (item,) = client.predict(**request_fields(mode="compiled", **GOOD), api_name="/generate")
+    (item,), _ = client.predict(**request_fields(mode="compiled", **GOOD), api_name="/generate")
     status = app.engine.bucket_status(ShapeKey("tiny-flux", ExecutionMode.COMPILED.value, "64x64"))
     print(f"cold compiled request: {time.monotonic() - started:.2f}s, compile {status.compile_seconds}s")
     assert status.state is BucketState.WARM and status.compile_seconds > 0.5  # longer than the limit
     assert "compiled first" in item["caption"]
+
+
+def test_gradio_queue_analytics_are_not_rebuilt_per_request(launch_app):
+    """Gradio rebuilds a pandas summary of up to 10 000 past events after every event by default
+    (web/gradio_queue.limit_queue_analytics); here it is rebuilt once per 1000 events."""
+    app, url = launch_app("--no-warmup")
+    client = Client(url, verbose=False)
+    for seed in range(3):
+        client.predict(**request_fields(seed=seed, **GOOD), api_name="/generate")
+    queue = app.demo._queue
+    assert queue.events_recorded >= 3 and queue.event_count_at_last_cache == 0
+    assert queue.ANAYLTICS_CACHE_FREQUENCY == 1000 and queue.ANALYTICS_MAX_EVENTS == 1000
+
+
+def event_loop_cpu_seconds(app, seconds: float) -> float:
+    """CPU the server's event-loop thread spends in ``seconds`` of wall time."""
+    clock = time.pthread_getcpuclockid(app.demo.server.thread.ident)
+    started = time.clock_gettime(clock)
+    time.sleep(seconds)
+    return time.clock_gettime(clock) - started
+
+
+def test_gradio_queue_polls_at_the_configured_interval(launch_app):
+    """Gradio's queue looks for work every 1 ms by default, a thousand event-loop wake-ups a second
+    on the cores that denoise (web/gradio_queue.set_queue_polling); the app polls every
+    --queue-poll-seconds, and its idle event loop costs less CPU than at Gradio's default."""
+    app, url = launch_app("--no-warmup", "--queue-poll-seconds", "0.05")
+    queue = app.demo._queue
+    assert queue.sleep_when_free == 0.05 and queue.progress_update_sleep_when_free == 0.05
+    good_request_works(Client(url, verbose=False), app)
+    time.sleep(0.5)  # let the request's stream close
+    calm = event_loop_cpu_seconds(app, 2.0)
+    assert set_queue_polling(app.demo, 0.001)
+    busy = event_loop_cpu_seconds(app, 2.0)
+    print(f"idle event loop CPU over 2 s: {calm * 1000:.0f} ms polling every 50 ms, {busy * 1000:.0f} ms every 1 ms")
+    assert calm < busy / 1.5

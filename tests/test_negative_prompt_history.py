@@ -45,8 +45,8 @@ def test_negative_prompt_changes_the_image_and_reuse_restores_it(launch_app):
     app, url = launch_app("--model", "tiny-sd3", "--models", "tiny-sd3,tiny-flux", "--no-warmup")
     client = Client(url, verbose=False)
     fields = request_fields(model="tiny-sd3", guidance_scale=4.5, previews=False)
-    [plain] = client.predict(**fields, api_name="/generate")
-    [negative] = client.predict(**{**fields, "negative_prompt": "blurry"}, api_name="/generate")
+    [plain], _ = client.predict(**fields, api_name="/generate")
+    [negative], _ = client.predict(**{**fields, "negative_prompt": "blurry"}, api_name="/generate")
     pixels = [np.asarray(Image.open(item["image"]), dtype=np.int16) for item in (plain, negative)]
     assert np.abs(pixels[0] - pixels[1]).max() > 0
     restored = app.ui.restore_settings(negative["image"], "eager")

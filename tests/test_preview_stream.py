@@ -30,10 +30,10 @@ def test_previews_are_throttled_by_wall_time_and_skip_the_image_s_last_stretch()
     latents = torch.randn(1, 16, 8, 8)
     stream = PreviewStream(LatentPreviewer(), BUCKET, detect_device("cpu"), every=1, min_seconds=0.25,
                            clock=stepped_clock(0.1))
-    steps = preview_steps(stream, 20, latents)
-    # 0.1 s a step: the first preview at once, then every third step (0.3 s >= 0.25 s apart), none
-    # once the image is due within 0.25 s (steps 18-20)
-    assert steps == [1, 4, 7, 10, 13, 16]
+    steps = preview_steps(stream, 19, latents)
+    # 0.1 s a step: every third step (0.3 s >= 0.25 s apart, counting from the image's start), but not
+    # step 18, due by spacing, since the image is due within 0.25 s of it
+    assert steps == [3, 6, 9, 12, 15]
     assert stream.started == len(steps) and stream.dropped == 0  # CPU: every copy has landed at once
 
 
@@ -41,6 +41,8 @@ def test_a_fast_image_gets_no_preview_and_a_slow_one_gets_one_per_interval():
     latents = torch.randn(1, 16, 8, 8)
     fast = PreviewStream(LatentPreviewer(), BUCKET, detect_device("cpu"), 1, 0.25, clock=stepped_clock(0.01))
     assert preview_steps(fast, 8, latents) == []  # done in 80 ms: the final image comes before a preview could be seen
+    short = PreviewStream(LatentPreviewer(), BUCKET, detect_device("cpu"), 1, 0.25, clock=stepped_clock(0.05))
+    assert preview_steps(short, 6, latents) == []  # 0.3 s: no preview in its first 0.25 s, and then the image is due
     slow = PreviewStream(LatentPreviewer(), BUCKET, detect_device("cpu"), 1, 0.25, clock=stepped_clock(1.0))
     assert preview_steps(slow, 5, latents) == [1, 2, 3, 4]  # 1 s a step: every step but the last
 

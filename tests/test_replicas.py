@@ -195,7 +195,7 @@ def _seeds(gallery) -> list[int]:
 
 def _generate(client: Client, replicas: dict, seed: int, **fields) -> str:
     """One generation through nginx; checks its images are its own; returns the replica that ran it."""
-    gallery = client.predict(**request_fields(seed=seed, **{**FAST, **fields}), api_name="/generate")
+    gallery, _ = client.predict(**request_fields(seed=seed, **{**FAST, **fields}), api_name="/generate")
     assert _seeds(gallery) == [seed + i for i in range(fields.get("num_images", 1))]
     return _served_by(replicas, seed)
 
@@ -272,12 +272,12 @@ def test_stop_reaches_the_replica_that_runs_the_job(cluster):
             continue
         seed = 3001 + 10 * attempt
         job = client.submit(**request_fields(seed=seed, **LONG), api_name="/generate")
-        for update in job:
-            if len(update) >= 1:
+        for gallery, _ in job:
+            if len(gallery) >= 1:
                 client.predict(api_name="/stop")  # a separate HTTP request; only the cookie routes it
                 break
         _wait(job.done, 300, "the stopped job to end")
-        final = job.outputs()[-1]
+        final, _ = job.outputs()[-1]
         assert 1 <= len(final) < LONG["num_images"], "Stop did not reach the replica running the job"
         assert _served_by(replicas, seed) == name
         (line,) = [line for line in replicas[name].requests() if line.get("seed") == seed]
@@ -343,8 +343,8 @@ def test_killing_a_replica_mid_run_fails_only_its_own_requests(cluster):
     with pytest.raises(Exception) as failure:  # the client is told; it does not hang
         jobs["a"].result()
     print(f"the killed replica's job ended with {failure.typename}: {str(failure.value)[:120]}")
-    assert len(jobs["a"].outputs()[-1]) < LONG["num_images"]
-    assert _seeds(jobs["b"].outputs()[-1]) == [7001 + i for i in range(LONG["num_images"])]
+    assert len(jobs["a"].outputs()[-1][0]) < LONG["num_images"]
+    assert _seeds(jobs["b"].outputs()[-1][0]) == [7001 + i for i in range(LONG["num_images"])]
     # once the sync has listed a down, a's visitor is served elsewhere (its stale cookie is hashed in the
     # group); b's keeps its replica
     _wait(lambda: replicas["a"].address not in balancer.listed_up(), 30, "replica a to be listed down")

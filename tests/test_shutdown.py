@@ -36,8 +36,8 @@ def test_sigterm_stops_the_running_request_and_exits_cleanly(cache_dir):
         job = client.submit(**request_fields(num_inference_steps=50, num_images=4, resolution="128x128",
                                              previews=False), api_name="/generate")
         images_when_signalled = None
-        for update in job:
-            images_when_signalled = len(update)
+        for gallery, _ in job:
+            images_when_signalled = len(gallery)
             process.send_signal(signal.SIGTERM)
             signalled_at = time.monotonic()
             break

@@ -21,6 +21,7 @@ from gradio_client import Client
 from PIL import Image
 
 from conftest import free_port, request_fields
+from support import preview_caption
 
 REPO = Path(__file__).resolve().parent.parent
 TP_TIMEOUT_SECONDS = 10  # --tp-timeout of the test servers: how long a silent rank may lag
@@ -144,7 +145,7 @@ def _single_process_pixels(make_engine, **fields) -> np.ndarray:
 
 
 def _tp_pixels(client: Client, **fields) -> np.ndarray:
-    gallery = client.predict(**request_fields(**fields), api_name="/generate")
+    gallery, _ = client.predict(**request_fields(**fields), api_name="/generate")
     return np.asarray(Image.open(gallery[0]["image"]), dtype=np.int16)
 
 
@@ -163,9 +164,9 @@ def test_previews_stream_from_rank_zero_without_changing_the_image(tp_server, ma
     client = Client(tp_server.url, verbose=False)
     fields = dict(model="tiny-flux", num_inference_steps=6, seed=21, previews=True)
     job = client.submit(**request_fields(**fields), api_name="/generate")
-    captions = [update[-1]["caption"] for update in job if update and update[-1]["caption"].startswith("preview")]
+    captions = [preview_caption(preview) for _, preview in job if preview]
     assert [caption.split("step ")[1] for caption in captions] == ["1/6", "2/6", "3/6", "4/6", "5/6"]
-    (final,) = job.outputs()[-1]
+    (final,), _ = job.outputs()[-1]
     tp = np.asarray(Image.open(final["image"]), dtype=np.int16)
     assert np.abs(tp - _single_process_pixels(make_engine, **{**fields, "previews": False})).max() <= 1
 
@@ -199,7 +200,7 @@ def test_stop_reaches_every_rank(tp_server, make_engine):
     while not job.done() and time.monotonic() - started < 30:
         time.sleep(0.1)
     assert job.done(), "the stopped request did not end"
-    assert all(len(gallery or []) < 4 for gallery in job.outputs())  # stopped before all four images
+    assert all(len(gallery or []) < 4 for gallery, _ in job.outputs())  # stopped before all four images
     after = _tp_pixels(client, model="tiny-flux", seed=3)
     assert np.abs(after - _single_process_pixels(make_engine, model="tiny-flux", seed=3)).max() <= 1
 

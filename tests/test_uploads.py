@@ -32,7 +32,7 @@ def _restore(http: httpx.Client, url: str, content: bytes, name: str = "drop.png
 def test_png_uploads_are_bounded_and_refused_with_a_message(served_app):
     app, url = served_app
     client = Client(url, verbose=False)
-    (item,) = client.predict(**request_fields(num_inference_steps=3, seed=99, **GOOD), api_name="/generate")
+    (item,), _ = client.predict(**request_fields(num_inference_steps=3, seed=99, **GOOD), api_name="/generate")
     with httpx.Client(base_url=url, timeout=30) as http:
         with open(item["image"], "rb") as file:  # gradio_client downloaded the PNG the app made
             made_here = file.read()

@@ -88,7 +88,7 @@ def test_bad_inputs_get_their_field_error_and_the_server_keeps_serving(served_ap
         for data in ([], fields[:3], "not a list", [fields]):  # (extra values are ignored by Gradio)
             assert "error" in raw_call(url, json.dumps({"data": data}))
         # unicode prompts are fine; the server answers good requests after all of the above
-        (item,) = client.predict(**request_fields(prompt="\u65e5\u672c\u8a9e \U0001f3a8 caf\u00e9", **GOOD),
+        (item,), _ = client.predict(**request_fields(prompt="\u65e5\u672c\u8a9e \U0001f3a8 caf\u00e9", **GOOD),
                                  api_name="/generate")
         assert Image.open(item["image"]).size == (64, 64)
         good_request_works(client, app)

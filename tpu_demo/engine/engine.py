@@ -72,8 +72,10 @@ class EngineConfig:
     preview_every: int = 1
     #: most images per pipeline call (static sizes 1, 2, 4 up to it); tensor parallel runs batch 1
     max_batch: int = 1
-    #: and at most one preview per this many seconds of wall time (the first comes at once)
+    #: and at most one preview per this many seconds of wall time, counted from the image's start
     preview_seconds: float = 0.25
+    #: with max_batch > 1, how long a call may wait for its batch to fill (ImageQueue.wait_for_batch)
+    batch_wait_seconds: float = 0.05
 
 
 class Engine:
@@ -378,6 +380,7 @@ class Engine:
 
     def _run_next_call(self) -> None:
         """One device job: one pipeline call from the waiting images (nothing if none wait)."""
+        self._images.wait_for_batch(self.batch_sizes[-1], self.config.batch_wait_seconds)
         members = self._images.take(
             self.max_batch,
             usable=lambda shape, size: self.book.is_warm(self.shape_key(

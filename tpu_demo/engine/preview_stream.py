@@ -6,10 +6,12 @@ the device (``LatentPreviewer.project``), its device -> host copy is started wit
 landed: on TPU/CUDA usually the next step, on CPU at once. At most one copy is in flight.
 
 And a fast model must not stream dozens of previews a second, each of which the UI renders and
-sends: previews are throttled by wall time (``min_seconds`` apart; the first at the first
-eligible step, so the visitor sees the image start at once), on top of ``every`` N steps. A
-preview is also skipped when the image itself is due within ``min_seconds`` (estimated from the
-host's step times so far, no device sync): the final image would replace it before it was seen.
+sends: previews are throttled by wall time, ``min_seconds`` apart counting from the image's
+start, on top of ``every`` N steps. So an image done within ``min_seconds`` shows none (a preview
+replaced by its image a moment later is flicker, not news, and it costs the denoising loop the
+same as any other), and a preview is also skipped when the image itself is due within
+``min_seconds`` (estimated from the host's step times so far, no device sync). Whatever the step
+time, previews cost at most one update per ``min_seconds``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class PreviewStream:
         self.previewer, self.bucket, self.device = previewer, bucket, device
         self.every, self.min_seconds, self.clock = every, min_seconds, clock
         self._in_flight: tuple[int, HostCopy] | None = None
-        self._last_started: float | None = None
         self._created = clock()
+        self._last_started = self._created  # the first preview comes min_seconds into the image
         self._first_step_at: float | None = None
         self.started = 0
         self.dropped = 0
@@ -64,7 +66,7 @@ class PreviewStream:
     def _due(self, step: int, total: int, now: float) -> bool:
         if step % self.every:
             return False
-        if self._last_started is not None and now - self._last_started < self.min_seconds:
+        if now - self._last_started < self.min_seconds:
             return False
         return self._seconds_left(step, total, now) >= self.min_seconds
 

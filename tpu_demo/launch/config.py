@@ -136,11 +136,17 @@ class AppConfig:
     device: str | None = flag(None, "restrict device detection (default: tpu, then cuda, then cpu)",
                               _choice(["tpu", "cuda", "cpu"]))
     preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
-    preview_seconds: float = flag(0.25, "and at most one preview per this many seconds (the first at once; 0: "
-                                  "no time limit)", _non_negative_float)
+    preview_seconds: float = flag(0.25, "and at most one preview per this many seconds, counted from the image's "
+                                  "start: a faster image shows none (0: no time limit)", _non_negative_float)
     max_batch: int = flag(1, "most images per pipeline call: waiting images of one shape (model, mode, bucket, "
                           "steps, guidance) share a call at a warm static batch size 1, 2 or 4 up to this; "
                           "each size is warmed like a bucket (1: no batching)", _batch_size)
+    batch_wait_seconds: float = flag(0.05, "with --max-batch above 1, how long a call may wait for its batch to "
+                                     "fill: for as many requests as were in line together lately (a lone "
+                                     "visitor never waits)", _non_negative_float)
+    queue_poll_seconds: float = flag(0.01, "how often Gradio's queue looks for a free worker (Gradio's default "
+                                     "0.001 wakes the server 1000 times a second, taking the GIL from the device "
+                                     "thread)", _positive_float)
     max_queue: int = flag(AdmissionLimits.max_waiting, "requests that may wait in the queue; more are told the "
                                                        "app is busy", _positive_int)
     max_images: int = flag(RequestLimits.max_images, "most images one request may ask for", _positive_int)

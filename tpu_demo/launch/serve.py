@@ -10,7 +10,7 @@ import torch
 from starlette.middleware import Middleware
 
 from tpu_demo.web import gradio_queue
-from tpu_demo.web.admission import AdmissionLimits, AdmissionMiddleware
+from tpu_demo.web.admission import AdmissionLimits, AdmissionMiddleware, CancelRelay
 from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
@@ -81,6 +81,7 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
         preview_every=config.preview_every,
         preview_seconds=config.preview_seconds,
         max_batch=config.max_batch,
+        batch_wait_seconds=config.batch_wait_seconds,
     ), device, lockstep)
 
 
@@ -110,7 +111,10 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too.
     # api_open=False closes POST /run/<api> and /api/<api> of queued events, which would call the handler
     # beside the queue (no concurrency limit, no admission): generations are reached through the queue only.
+    gradio_queue.limit_queue_analytics()
     demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
+    if not gradio_queue.set_queue_polling(demo, config.queue_poll_seconds):
+        log.warning("this Gradio's queue has no polling interval to set; it polls at its own rate")
     if not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
@@ -139,7 +143,8 @@ def hardening_app_kwargs(app: App) -> dict:
                                   current_events=lambda: guarded_events(app),
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
-                                      app.demo, fn_index, api_name))],
+                                      app.demo, fn_index, api_name)),
+                       Middleware(CancelRelay, on_cancel=app.ui.supervisor.cancel)],
     }
 
 

@@ -9,8 +9,6 @@ several chips (one process per chip) tensor parallelism, when each chip's share 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tpu_demo.core.architectures import ARCHITECTURES
 from tpu_demo.core.catalog import ModelSpec, Placement
 

@@ -234,6 +234,27 @@ class AdmissionMiddleware:
                            self.device_waiting())
 
 
+class CancelRelay:
+    """ASGI middleware that tells ``on_cancel`` the ``event_id`` of each ``POST /gradio_api/cancel``
+    before Gradio handles it (Gradio can close a running generator only when it next yields).
+    Event ids are random and known only to the client that submitted the event."""
+
+    def __init__(self, app: Callable, on_cancel: Callable[[str], Any]):
+        self.app = app
+        self.on_cancel = on_cancel
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope.get("type") != "http" or scope.get("method") != "POST"
+                or not scope.get("path", "").rstrip("/").endswith("/gradio_api/cancel")):
+            await self.app(scope, receive, send)
+            return
+        body, more = await _read_body(receive)
+        event_id = None if more else _json_field(body, "event_id")
+        if isinstance(event_id, str):
+            self.on_cancel(event_id)
+        await self.app(scope, _replay(body, more, receive), send)
+
+
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The request body up to MAX_CALL_BODY; ``more`` is True if it goes on past that."""
     chunks: list[bytes] = []

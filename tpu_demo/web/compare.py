@@ -19,7 +19,8 @@ from tpu_demo.core.events import ImageResult, Stopped
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestError, validate_request
 from tpu_demo.web.gradio_queue import CurrentEvent
-from tpu_demo.web.handlers import RequestFiles, user_error
+from tpu_demo.web.handlers import user_error
+from tpu_demo.web.outputs import RequestFiles
 
 if TYPE_CHECKING:
     from tpu_demo.web.handlers import PageHandlers

@@ -1,4 +1,4 @@
-"""The few facts about Gradio's queue that hardening needs, read in one place.
+"""The few facts about Gradio's queue that hardening and throughput need, read and set in one place.
 
 Gradio 6.31 has no public API for "which requests does this client have waiting or running",
 "is the client of this running event still connected" or "when was this event queued". The
@@ -11,11 +11,47 @@ upgrade renames them, and tests/test_limits.py and tests/test_routes.py exercise
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Collection, Iterator
 
 import gradio as gr
+
+
+#: Gradio's queue rebuilds its monitoring summary (a pandas DataFrame of up to 10 000 past events,
+#: grouped, with percentiles) after every event by default: O(events) of CPU per request on the
+#: cores that denoise, growing all day on a public demo, for a dashboard this app never enables.
+QUEUE_ANALYTICS_DEFAULTS = {"GRADIO_ANALYTICS_CACHE_FREQUENCY": "1000", "GRADIO_ANALYTICS_MAX_EVENTS": "1000"}
+
+
+def limit_queue_analytics() -> None:
+    """Rebuild that summary once per 1000 events, over at most 1000 (call before ``Blocks.queue``;
+    an operator's own values in the environment win)."""
+    for name, value in QUEUE_ANALYTICS_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+#: how often Gradio's queue looks for progress to send (its default polls 100 times a second)
+PROGRESS_POLL_SECONDS = 0.05
+
+
+def set_queue_polling(blocks: gr.Blocks, seconds: float) -> bool:
+    """Poll the queue every ``seconds`` for a free worker (call after ``Blocks.queue``).
+
+    Gradio's queue has no wake-up: ``Queue.start_processing`` sleeps ``sleep_when_free`` (1 ms)
+    and looks again, a thousand event-loop wake-ups a second even when idle, each taking the GIL
+    from the thread that denoises (see docs/generation.md, "Queue polling"); progress updates
+    are polled every 10 ms the same way (here: at most 20 a second). False if a Gradio upgrade
+    renamed them.
+    """
+    queue = _queue(blocks)
+    if queue is None or not hasattr(queue, "sleep_when_free") or not hasattr(
+            queue, "progress_update_sleep_when_free"):
+        return False
+    queue.sleep_when_free = seconds
+    queue.progress_update_sleep_when_free = max(seconds, PROGRESS_POLL_SECONDS)
+    return True
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import html
 import random
-import shutil
-import tempfile
 from pathlib import Path
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import gradio as gr
-from PIL import Image
 
 from tpu_demo.core import pngmeta
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
@@ -26,8 +23,9 @@ from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.web.admission import WarmupThrottle
+from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html
 from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
-from tpu_demo.web.supervision import RequestSupervisor, StopReason
+from tpu_demo.web.supervision import RequestSupervisor
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
@@ -80,28 +78,6 @@ def read_png_settings(path: str | Path | None) -> dict | None:
         return None
 
 
-class RequestFiles:
-    """Each image of a request written once as a PNG (settings chunks included).
-
-    The gallery is re-sent whole on every update; handing Gradio PIL images would re-encode and
-    rewrite every earlier image's cache file each time, racing clients that are downloading it.
-    File paths are copied into Gradio's cache once. The files here go when the request ends.
-    """
-
-    def __init__(self):
-        self.directory = Path(tempfile.mkdtemp(prefix="tpu-demo-"))
-        self._count = 0
-
-    def save(self, image: Image.Image, name: str) -> str:
-        self._count += 1
-        path = self.directory / f"{self._count:04d}-{name}.png"
-        image.save(path, format="PNG", pnginfo=pngmeta.png_info(image), compress_level=1)
-        return str(path)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
 def _progress_text(event: StepProgress, images: int) -> str:
     """"image 2/4 · step 3/8 · ETA 1.2 s image, 5.0 s request" from the measured step time."""
     per_step = event.elapsed_seconds / max(event.step, 1)
@@ -141,8 +117,13 @@ class PageHandlers:
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
                  guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
-                 request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[list]:
-        """Stream the gallery: one update per finished image, plus live previews while denoising."""
+                 request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str]]:
+        """Stream (gallery, live preview): one update per finished image, and previews while denoising.
+
+        A preview update re-sends the same gallery (Gradio's diff sends nothing for it) and the
+        preview as inline HTML; a finished image clears the preview. Values are yielded as Gradio
+        sends them (the event has ``postprocess=False``; see web/outputs.py).
+        """
         queued = CurrentEvent.capture()
         try:
             generation = validate_request(dict(
@@ -174,16 +155,15 @@ class PageHandlers:
                              desc=_progress_text(event, total), unit="steps")
                     if event.preview is not None:
                         caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.preview.step}/{event.total}"
-                        # a preview is sent once: Gradio encodes it straight into its cache (one small file)
-                        yield gallery + [(event.preview.render(), caption)]
+                        yield gallery_data(gallery), preview_html(event.preview.render(), caption)
                 elif isinstance(event, ImageResult):
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
-                    yield list(gallery)
+                    yield gallery_data(gallery), NO_PREVIEW
                 elif isinstance(event, Stopped):
                     # never a success with a short gallery: the images streamed so far stay on the
                     # page, and every caller is told how many of its images were finished
                     run.stopped(event)
-                    yield list(gallery)
+                    yield gallery_data(gallery), NO_PREVIEW
                     raise user_error(run.stop_message(event, total), "Stopped")
         except gr.Error:
             raise

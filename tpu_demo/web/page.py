@@ -13,6 +13,7 @@ from tpu_demo.web.about import about_markdown
 from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
+from tpu_demo.web.outputs import NO_PREVIEW
 
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
 DEVICE_CONCURRENCY_ID = "device"
@@ -67,6 +68,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     previews = gr.Checkbox(label="Live previews while denoising", value=True)
                 details = gr.Markdown(handlers.details_markdown(spec.id, settings.start_mode.value), elem_id="run-details")
             with gr.Column(scale=3, min_width=300, elem_id="results-column"):
+                # the image denoising now, replaced about every --preview-seconds (inline: web/outputs.py)
+                live_preview = gr.HTML(NO_PREVIEW, elem_id="live-preview")
                 gallery = gr.Gallery(label="Images", format="png", type="filepath", columns=2, height="auto",
                                      object_fit="contain", show_label=False, interactive=False, elem_id="gallery")
                 with gr.Column(min_width=160, elem_id="comparison"):
@@ -104,7 +107,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             triggers=[generate_button.click, prompt.submit], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
-            handlers.generate, inputs=inputs, outputs=[gallery], api_name=GENERATE_API, preprocess=False,
+            handlers.generate, inputs=inputs, outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
+            postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         generation.success(history.add, [gallery], [history_view], api_visibility="private", queue=False)

@@ -149,6 +149,16 @@ class RequestSupervisor:
         for run in runs:
             run.request_stop(reason)
 
+    def cancel(self, request_id: str) -> bool:
+        """The client cancelled queue event ``request_id`` (Gradio's ``/cancel``, e.g. gradio_client's
+        ``job.cancel()``): stop its run at the next step. Gradio itself can only close a generator
+        handler when it next yields, which with previews off is when an image is done."""
+        with self._lock:
+            runs = [run for run in self._runs if run.record.request_id == request_id]
+        for run in runs:
+            run.request_stop(StopReason.DISCONNECTED)
+        return bool(runs)
+
     def _finished(self, run: SupervisedRun) -> None:
         with self._lock:
             if run in self._runs:

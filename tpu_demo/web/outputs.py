@@ -1,0 +1,74 @@
+"""What the generate event sends: finished images as PNG files, the live preview as inline HTML.
+
+The two travel differently on purpose. A finished image is a file (settings chunks included) that
+Gradio copies into its cache once and visitors download, keep and drop back on the page. A live
+preview is shown for a quarter of a second and then replaced: sending it as a gallery item cost a
+PNG file written, hashed and copied into Gradio's cache, a second request to fetch it (every
+gallery file again for ``gradio_client``), and Gradio's postprocessing of the whole gallery, per
+preview, on the cores that denoise. As an ``<img>`` with a ``data:`` URL in a ``gr.HTML`` output
+it is a few hundred bytes on the event stream and nothing else.
+
+The generate event runs with ``postprocess=False``: the handler yields what Gradio would send
+(``gallery_data``), so an update costs no trip through a worker thread per output and no thread
+pool per gallery (``gr.Gallery.postprocess`` starts one per call). Gradio still copies each file
+into its cache and adds its URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+from PIL import Image
+
+from tpu_demo.core import pngmeta
+
+#: the preview output when no image is denoising (Gradio's HTML renders an empty string as nothing)
+NO_PREVIEW = ""
+
+
+class RequestFiles:
+    """Each image of a request written once as a PNG (settings chunks included).
+
+    The gallery is re-sent whole on every update; handing Gradio PIL images would re-encode and
+    rewrite every earlier image's cache file each time, racing clients that are downloading it.
+    File paths are copied into Gradio's cache once. The files here go when the request ends.
+    """
+
+    def __init__(self):
+        self.directory = Path(tempfile.mkdtemp(prefix="tpu-demo-"))
+        self._count = 0
+
+    def save(self, image: Image.Image, name: str) -> str:
+        self._count += 1
+        path = self.directory / f"{self._count:04d}-{name}.png"
+        image.save(path, format="PNG", pnginfo=pngmeta.png_info(image), compress_level=1)
+        return str(path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def gallery_data(images: list[tuple[str, str]]) -> list[dict]:
+    """(PNG path, caption) pairs as ``gr.Gallery`` sends them (``GalleryData``): what its postprocess makes."""
+    return [{"image": gr.FileData(path=path, orig_name=Path(path).name, mime_type="image/png").model_dump(),
+             "caption": caption} for path, caption in images]
+
+
+def preview_html(image: Image.Image, caption: str) -> str:
+    """``image`` (the latent grid, e.g. 4x4 px for a 64x64 FLUX image) inline, scaled up by the page.
+
+    The ``alt`` and the caption carry the same text (``preview · image i · step s/N``), so a screen
+    reader and an API caller read what the page shows; the aspect ratio is the image's own.
+    """
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=1)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    text = html.escape(caption)
+    return (f'<figure class="live-preview"><img src="data:image/png;base64,{data}" alt="{text}" '
+            f'style="aspect-ratio: {image.width} / {image.height}"><figcaption>{text}</figcaption></figure>')
