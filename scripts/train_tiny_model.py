@@ -55,17 +55,17 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--buckets", type=str, default="64x64,128x128,96x64,64x96",
                    help="canvases WIDTHxHEIGHT to train on (the catalog's buckets; the first is the default)")
-    p.add_argument("--num-images", type=str, default="6000,3000,4000,4000",
+    p.add_argument("--num-images", type=str, default="9000,4500,6000,6000",
                    help="scenes rendered per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--bucket-weights", type=str, default="0.25,0.35,0.2,0.2",
                    help="share of the transformer steps spent on each bucket (one batch = one bucket)")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
-    p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
+    p.add_argument("--vae-steps", type=int, default=1800, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-full-steps", type=int, default=200,
                    help="the last N VAE steps see whole images (the buckets in turn, batch scaled by area); "
                         "the ones before see --vae-crop crops")
     p.add_argument("--vae-crop", type=int, default=32, help="side of the random crops of the first VAE steps")
-    p.add_argument("--vae-batch-size", type=int, default=32)
+    p.add_argument("--vae-batch-size", type=int, default=24)
     p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
@@ -74,7 +74,7 @@ def parse_args(argv=None):
     p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE (use with --save-vae)")
     p.add_argument("--bf16", action="store_true",
                    help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
-    p.add_argument("--steps", type=int, default=7000, help="transformer steps")
+    p.add_argument("--steps", type=int, default=5400, help="transformer steps")
     p.add_argument("--batch-sizes", type=str, default="32,16,24,24",
                    help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
