@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from tiny_shapes import dataset as shapes_dataset  # noqa: E402
 from tiny_shapes.judge import (ALL_TARGETS, METRICS, TARGETS, TWO_SHAPE_METRICS,  # noqa: E402
-                               evaluate_pipeline)
+                               evaluate_pipeline, judge_image)
 
 #: Chance per attribute: a uniformly random scene of the grammar with the right number of objects
 #: (1 of 3 backgrounds, 8 colours, 5 positions (two objects: 20 ordered pairs), 3 shapes, 2 sizes).
@@ -95,6 +95,21 @@ def random_pipeline(pipe, seed: int):
         head_dim=config.attention_head_dim, layers=config.num_layers, single_layers=config.num_single_layers)
 
 
+@torch.no_grad()
+def vae_ceiling(vae, scenes, size: tuple[int, int]) -> dict[str, float]:
+    """Accuracy of the VAE's own reconstructions of the ground-truth renders: what the latent
+    space lets any transformer reach (a shape the VAE blurs past the judge caps every model)."""
+    from PIL import Image
+
+    rng = random.Random(0)
+    truth = np.stack([np.asarray(shapes_dataset.render(scene, rng, size)) for scene in scenes])
+    x = torch.from_numpy(truth).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+    recon = vae.decode(vae.encode(x).latent_dist.mean).sample
+    pixels = recon.clamp(-1, 1).add(1).mul(127.5).round().byte().permute(0, 2, 3, 1).numpy()
+    results = [judge_image(scene, Image.fromarray(image)) for scene, image in zip(scenes, pixels)]
+    return {m: float(np.mean([r[m] for r in results])) for m in results[0]}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path("assets/models/tiny-shapes"))
@@ -112,6 +127,8 @@ def main(argv=None):
                    help="true classifier-free guidance against the empty prompt (default: demo_defaults.json)")
     p.add_argument("--no-random", action="store_true", help="skip the random-weights baseline")
     p.add_argument("--random-only", action="store_true", help="only the random-weights baseline (and chance)")
+    p.add_argument("--vae-ceiling", action="store_true",
+                   help="add a row for the VAE's own reconstructions of the ground-truth scenes (the ceiling)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--grid", type=Path, default=None,
                    help="save PNG grids (ground truth above generated) as <grid stem>_<bucket>_<kind>.png")
@@ -156,6 +173,10 @@ def main(argv=None):
                     if args.grid:
                         save_grid(scenes, result["images"],
                                   args.grid.with_name(f"{args.grid.stem}_{width}x{height}_{kind}.png"))
+            if args.vae_ceiling:
+                rows[f"{width}x{height} VAE reconstruction"] = vae_ceiling(pipe.vae, scenes, (width, height))
+                report["results"][f"{kind} {width}x{height} VAE reconstruction"] = {
+                    "accuracy": rows[f"{width}x{height} VAE reconstruction"], "n": len(scenes)}
         rows["chance"] = CHANCE[kind]
         print(f"\n{kind}-shape scenes, {args.prompt_set} prompts; `all` = every attribute right"
               + (" for both objects" if kind == "two" else ""))
