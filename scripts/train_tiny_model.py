@@ -3,20 +3,23 @@
 
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 python scripts/train_tiny_model.py --output assets/models/tiny-shapes --seed 0
 
-The defaults are the recipe of the shipped weights (44 minutes on 2 cores). Stages (each with a
-tqdm bar; losses go to ``<output>/train_log.jsonl``):
+The defaults are the four-bucket recipe of issue #19 (docs/tiny-shapes.md, "Third attempt"; the
+shipped weights are stage 1's, whose command is in assets/models/tiny-shapes/training_stage1.json).
+Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
-1. render ``--num-images`` captioned scenes (tpu_demo.shapes_dataset; held-out triples never appear);
-2. train the AutoencoderKL (MSE + a small KL term; random crops first, whole images last), then
-   set its ``shift_factor``/``scaling_factor`` from the latent statistics;
+1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
+2. train the AutoencoderKL on the ``--vae-buckets`` scenes (MSE + a small KL term; random crops
+   first, whole images last), then set its ``shift_factor``/``scaling_factor`` from the latent
+   statistics of every bucket;
 3. encode every image once (latent mean, ``_pack_latents``) and tokenize every caption once with
    the pipeline's own tokenizers (CLIP char-level, T5 with whole-word pieces);
 4. train the FluxTransformer2DModel together with both text encoders (CLIP pooled output + T5
    hidden states, computed exactly as ``FluxPipeline.encode_prompt`` does) with the
    flow-matching loss on sigmas drawn from the pipeline's FlowMatchEulerDiscreteScheduler
    (x_t = (1 - s) x0 + s noise, target noise - x0), weighted towards the tokens that show an
-   object, with caption dropout for true CFG, keeping an EMA of the weights, which is what gets
-   saved; ``--freeze-text-encoders`` keeps the text encoders at their random initialisation;
+   object, with caption dropout for true CFG, plus the auxiliary binding loss on T5's states
+   (``--binding-weight``), keeping an EMA of the weights, which is what gets saved;
+   ``--freeze-text-encoders`` keeps the text encoders at their random initialisation;
 5. ``save_pretrained(..., safe_serialization=True)`` the whole pipeline plus ``demo_defaults.json``.
 """
 
@@ -40,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import dataset as shapes_dataset  # noqa: E402
-from tiny_shapes.model import MAX_SEQUENCE_LENGTH, build_shapes_pipeline  # noqa: E402
+from tiny_shapes.model import MAX_SEQUENCE_LENGTH, apply_adaln_zero_init, build_shapes_pipeline  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
 #: ``true_cfg_scale`` guides against the empty prompt, which caption dropout trained.
@@ -55,34 +58,49 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--buckets", type=str, default="64x64,128x128,96x64,64x96",
                    help="canvases WIDTHxHEIGHT to train on (the catalog's buckets; the first is the default)")
-    p.add_argument("--num-images", type=str, default="9000,4500,6000,6000",
+    p.add_argument("--num-images", type=str, default="12000,4000,6000,6000",
                    help="scenes rendered per bucket (one number for every bucket, or one per bucket)")
-    p.add_argument("--bucket-weights", type=str, default="0.25,0.35,0.2,0.2",
+    p.add_argument("--bucket-weights", type=str, default="0.4,0.2,0.2,0.2",
                    help="share of the transformer steps spent on each bucket (one batch = one bucket)")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
-    p.add_argument("--vae-steps", type=int, default=1800, help="VAE steps in all (crops first, then full images)")
+    p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
+    p.add_argument("--vae-buckets", type=str, default="64x64",
+                   help="the buckets whose scenes train the VAE (sizes are pixels, so a shape looks alike on every "
+                        "canvas and the convolutional VAE trained on 64x64 scenes serves them all)")
     p.add_argument("--vae-full-steps", type=int, default=200,
                    help="the last N VAE steps see whole images (the buckets in turn, batch scaled by area); "
                         "the ones before see --vae-crop crops")
     p.add_argument("--vae-crop", type=int, default=32, help="side of the random crops of the first VAE steps")
-    p.add_argument("--vae-batch-size", type=int, default=24)
+    p.add_argument("--vae-batch-size", type=int, default=32)
     p.add_argument("--vae-lr", type=float, default=2e-3)
+    p.add_argument("--vae-object-weight", type=float, default=0.0,
+                   help="reconstruction loss weight of the pixels on or next to an object (background: 1)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
                         "its VAE (and latent shift/scale) is kept as is, the transformer and text encoders are trained on")
-    p.add_argument("--latent-channels", type=int, default=4, help="VAE latent channels (the transformer takes 4x as many)")
+    p.add_argument("--vae-blocks", type=str, default="16,32,64",
+                   help="VAE block_out_channels; n blocks make vae_scale_factor 2**(n-1)")
+    p.add_argument("--latent-channels", type=int, default=4,
+                   help="VAE latent channels (the transformer takes 4x as many)")
     p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE (use with --save-vae)")
     p.add_argument("--bf16", action="store_true",
                    help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
-    p.add_argument("--steps", type=int, default=5400, help="transformer steps")
-    p.add_argument("--batch-sizes", type=str, default="32,16,24,24",
+    p.add_argument("--steps", type=int, default=5000, help="transformer steps")
+    p.add_argument("--batch-sizes", type=str, default="48,16,32,32",
                    help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--adaln-zero", action="store_true",
+                   help="from scratch: start the transformer with DiT's adaLN-Zero initialisation")
+    p.add_argument("--sigma-sampling", choices=["uniform", "logit-normal"], default="uniform",
+                   help="training sigmas: uniform over the scheduler's table, or SD3's logit-normal (sigmoid of N(0, 1))")
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--object-weight", type=float, default=4.0,
                    help="loss weight of the latent tokens that cover an object (background tokens: 1)")
     p.add_argument("--caption-dropout", type=float, default=0.1,
                    help="share of transformer samples trained on the empty prompt (enables true CFG)")
+    p.add_argument("--binding-weight", type=float, default=0.2,
+                   help="weight of the auxiliary binding loss: linear heads (discarded after training) read each "
+                        "object's colour, shape, size and position off every T5 state of its phrase")
     p.add_argument("--freeze-text-encoders", action="store_true",
                    help="train only the transformer (the text encoders stay at their seeded random weights)")
     p.add_argument("--log-every", type=int, default=10)
@@ -124,30 +142,45 @@ def per_bucket(text: str, count: int, kind=int) -> list:
     return values
 
 
-def train_vae(vae, images: list[np.ndarray], args, log, gen: torch.Generator):
+def object_pixel_mask(images: np.ndarray, scenes) -> np.ndarray:
+    """uint8 ``(n, h, w)``: 1 on the pixels within 2 px of an object (differs from the scene's background)."""
+    background = np.array([shapes_dataset.PALETTE[s.background] for s in scenes], dtype=np.int16)
+    on_object = torch.from_numpy((images.astype(np.int16) != background[:, None, None, :]).any(-1))
+    near = F.max_pool2d(on_object[:, None].float(), kernel_size=5, stride=1, padding=2)[:, 0]
+    return near.to(torch.uint8).numpy()
+
+
+def train_vae(vae, images: list[np.ndarray], masks: list[np.ndarray], args, log, gen: torch.Generator):
     """Crop steps take crops of every bucket's images in turn (the VAE is convolutional: a 32x32 crop
     costs a quarter of a 64x64 image); full steps take whole images of each bucket in turn, the batch
-    scaled by the image area (so each costs about as much as a 64x64 batch)."""
+    scaled by the image area (so each costs about as much as a 64x64 batch).
+
+    The reconstruction loss weighs the pixels on and around objects ``--vae-object-weight`` times the
+    background's: what tells a small circle from a small square is a few edge pixels, and a plain mean
+    spends most of its gradient on flat background.
+    """
     vae.train()
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     bar = tqdm(range(args.vae_steps), desc="vae", dynamic_ncols=True, mininterval=5)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.vae_steps, args.vae_lr)
-        bucket = images[step % len(images)]
+        bucket, mask = images[step % len(images)], masks[step % len(images)]
         full = step >= args.vae_steps - args.vae_full_steps
         height, width = bucket.shape[1:3]
         batch = max(4, round(args.vae_batch_size * 64 * 64 / (height * width))) if full else args.vae_batch_size
         idx = torch.randint(0, len(bucket), (batch,), generator=gen)
         x = to_tensor(bucket[idx.numpy()])
+        weight = 1.0 + args.vae_object_weight * torch.from_numpy(mask[idx.numpy()]).float()[:, None]
         if not full:
             top = int(torch.randint(0, height - args.vae_crop + 1, (1,), generator=gen))
             left = int(torch.randint(0, width - args.vae_crop + 1, (1,), generator=gen))
             x = x[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
+            weight = weight[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             posterior = vae.encode(x).latent_dist
             recon = vae.decode(posterior.sample(generator=gen)).sample
-        mse = F.mse_loss(recon.float(), x)
+        mse = ((recon.float() - x) ** 2 * weight).sum() / (weight.sum() * x.shape[1])
         kl = posterior.kl().float().mean() / posterior.mean[0].numel()
         loss = mse + 1e-4 * kl
         opt.zero_grad(set_to_none=True)
@@ -194,6 +227,36 @@ def tokenize_captions(pipe, captions: list[str]):
     return unique, clip_ids, t5_ids, torch.tensor([index[c] for c in captions])
 
 
+def binding_labels(pipe, unique: list[str]) -> torch.Tensor:
+    """``(captions, MAX_SEQUENCE_LENGTH, attributes)`` long: per T5 token, the attributes of the object
+    whose phrase it is in (``shapes_dataset.word_attributes``), -100 (ignored) elsewhere.
+    Every grammar word is one T5 piece, so token i is word i."""
+    labels = torch.full((len(unique), MAX_SEQUENCE_LENGTH, len(shapes_dataset.ATTRIBUTES)), -100)
+    for row, caption in enumerate(unique):
+        if not caption:
+            continue
+        words = shapes_dataset.word_attributes(shapes_dataset.parse_caption(caption))
+        pieces = pipe.tokenizer_2.tokenize(caption)
+        assert len(pieces) == len(words), (caption, pieces)
+        for i, ids in enumerate(words[:MAX_SEQUENCE_LENGTH]):
+            if ids is not None:
+                labels[row, i] = torch.tensor(ids)
+    return labels
+
+
+class BindingProbe(torch.nn.Module):
+    """One linear head per attribute on the T5 hidden states; only for the auxiliary loss (not saved)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(width, len(v)) for v in shapes_dataset.ATTRIBUTES.values())
+
+    def forward(self, embeds: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        losses = [F.cross_entropy(head(embeds).flatten(0, 1), labels[..., k].flatten(), ignore_index=-100)
+                  for k, head in enumerate(self.heads)]
+        return torch.stack(losses).mean()
+
+
 class Conditioning(torch.nn.Module):
     """Both text encoders, called the way ``FluxPipeline._get_clip_prompt_embeds`` / ``_get_t5_prompt_embeds`` do."""
 
@@ -228,7 +291,7 @@ def save_pipeline(pipe, path: Path) -> None:
     (path / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
 
 
-def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, args, log,
+def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labels, args, log,
                       gen: torch.Generator) -> Trainable:
     """``buckets``: per canvas, ``packed`` latents, ``token_weights``, caption ``rows``, ``img_ids``,
     ``batch`` size and ``weight`` (share of the steps). Each step draws one bucket, then a batch of it."""
@@ -238,6 +301,9 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, args
     model.conditioning.requires_grad_(not args.freeze_text_encoders)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
+    probe = BindingProbe(pipe.text_encoder_2.config.d_model) if args.binding_weight else None
+    if probe is not None:
+        params += list(probe.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     # Sigmas of the pipeline's own scheduler (its 1000 training timesteps, shift applied).
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
@@ -253,7 +319,10 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, args
         idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
         x0 = bucket["packed"][idx]
         r = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
-        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
+        if args.sigma_sampling == "logit-normal":  # most samples at mid noise, where layout and shape are decided
+            sigma = torch.sigmoid(torch.randn(batch, generator=gen))
+        else:
+            sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1)
         xt = (1 - s) * x0 + s * noise
@@ -264,6 +333,9 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, args
                                  return_dict=False)[0]
         weights = bucket["token_weights"][idx]
         loss = ((pred - (noise - x0)) ** 2).mean(-1).mul(weights).sum() / weights.sum()
+        binding = probe(embeds, labels[r]) if probe is not None and (r > 0).any() else None
+        if binding is not None:
+            loss = loss + args.binding_weight * binding
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -275,7 +347,7 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, args
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % args.log_every == 0 or step == args.steps - 1:
             log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"],
-                bucket=bucket["name"])
+                bucket=bucket["name"], **({} if binding is None else {"binding": binding.item()}))
             bar.set_postfix(loss=f"{running:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             ckpt = args.output.with_name(args.output.name + ".ckpt")
@@ -302,8 +374,12 @@ def main(argv=None):
         pipe = FluxPipeline.from_pretrained(args.init_from, dtype=torch.float32, local_files_only=True)
         pipe.set_progress_bar_config(disable=True)
     else:
-        pipe = build_shapes_pipeline(seed=args.seed, latent_channels=args.latent_channels)
-    sizes = [tuple(int(v) for v in label.lower().split("x")) for label in args.buckets.split(",") if label.strip()]
+        pipe = build_shapes_pipeline(seed=args.seed, vae_blocks=tuple(int(c) for c in args.vae_blocks.split(",")),
+                                     latent_channels=args.latent_channels)
+        if args.adaln_zero:
+            apply_adaln_zero_init(pipe.transformer)
+    bucket_labels = [label.strip().lower() for label in args.buckets.split(",") if label.strip()]
+    sizes = [tuple(int(v) for v in label.split("x")) for label in bucket_labels]
     counts = per_bucket(args.num_images, len(sizes))
     batches = per_bucket(args.batch_sizes, len(sizes))
     shares = per_bucket(args.bucket_weights, len(sizes), float)
@@ -321,7 +397,11 @@ def main(argv=None):
     elif args.init_from:
         pipe.vae.eval()
     else:
-        train_vae(pipe.vae, [d[0] for d in data], args, log, vae_gen)
+        vae_data = [d for label, d in zip(bucket_labels, data) if label in args.vae_buckets.lower().split(",")]
+        if not vae_data:
+            raise SystemExit(f"--vae-buckets {args.vae_buckets!r} names none of --buckets {args.buckets!r}")
+        train_vae(pipe.vae, [d[0] for d in vae_data], [object_pixel_mask(d[0], d[2]) for d in vae_data], args, log,
+                  vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
     timings["vae_s"] = time.perf_counter() - t
@@ -355,7 +435,8 @@ def main(argv=None):
         tokens=[b["packed"].shape[1] for b in buckets], unique_captions=len(unique))
 
     t = time.perf_counter()
-    ema = train_transformer(pipe, buckets, clip_ids, t5_ids, txt_ids, args, log, transformer_gen)
+    labels = binding_labels(pipe, unique) if args.binding_weight else None
+    ema = train_transformer(pipe, buckets, clip_ids, t5_ids, txt_ids, labels, args, log, transformer_gen)
     pipe = pipeline_with(pipe, ema)
     pipe.set_progress_bar_config(disable=True)
     timings["transformer_s"] = time.perf_counter() - t

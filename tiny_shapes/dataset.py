@@ -3,15 +3,22 @@
 A scene is an RGB image of one or two shapes (circle, square, triangle) in a named colour,
 size and position on a plain named background, with a caption built from a small grammar::
 
-    a small red circle at the top left on a white background
+    a small red circle at the top-left on a white background
     a large blue square in the center on a gray background
-    a small green triangle at the top right and a small yellow circle at the bottom left on a black background
+    a small green triangle at the top-right and a small yellow circle at the bottom-left on a black background
+
+A position is one word ("top-left", one T5 piece): the image tokens learn where they are only
+through attention to the text tokens (FLUX gives text tokens position id 0), and that attention's
+logit is a sum of a row part and a column part, so separate "top" and "left" words can only vote
+along one axis each; with two objects on a diagonal the model drew a 2x2 grid coloured by column.
 
 The same caption can be drawn on any canvas (:data:`CANVASES`: 64x64, 128x128, 96x64, 64x96;
 "WIDTHxHEIGHT"). Positions are fractions of the canvas (the quadrant centres at a quarter and
-three quarters of each side, or its centre), and sizes scale with the canvas's shorter side
-(14 / 26 px on a 64 px side): on 96x64 "top left" is the centre of the left half's top quarter,
-(24, 16), and a large shape is 26 px, as on 64x64; on 128x128 everything is twice the 64x64 scene.
+three quarters of each side, or its centre), and sizes are pixels (small 14 px, large 26 px) on
+every canvas: on 96x64 "top-left" is the centre of the left half's top quarter, (24, 16); on
+128x128 it is (32, 32), and the shapes are as big as on 64x64, with more room around them. So a
+shape is the same picture, and the same latent, on every bucket, and what the model learns about
+drawing it on one canvas serves them all.
 
 Everything is generated from a seed (no files). A fixed rule holds out some (colour, shape,
 position) combinations: no training scene ever contains them, and :func:`held_out_prompts`
@@ -49,10 +56,10 @@ SIZES = ("small", "large")
 #: Position name -> (caption phrase, centre x, centre y) on the 64x64 canvas; on any canvas the
 #: centre is the same fraction of its width and height (:func:`layout`).
 POSITIONS: dict[str, tuple[str, int, int]] = {
-    "top left": ("at the top left", 16, 16),
-    "top right": ("at the top right", 48, 16),
-    "bottom left": ("at the bottom left", 16, 48),
-    "bottom right": ("at the bottom right", 48, 48),
+    "top left": ("at the top-left", 16, 16),
+    "top right": ("at the top-right", 48, 16),
+    "bottom left": ("at the bottom-left", 16, 48),
+    "bottom right": ("at the bottom-right", 48, 48),
     "center": ("in the center", 32, 32),
 }
 POSITION_NAMES = tuple(POSITIONS)
@@ -63,7 +70,7 @@ JITTER = 2
 #: Every word of the grammar (whole-word pieces for the T5 tokenizer).
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
     "a and on background at the in".split() + list(SIZES) + list(OBJECT_COLOURS) + list(BACKGROUNDS)
-    + list(SHAPES) + "top bottom left right center".split()
+    + list(SHAPES) + "top-left top-right bottom-left bottom-right center".split()
 ))
 
 
@@ -86,6 +93,30 @@ class Scene:
     @property
     def caption(self) -> str:
         return " and ".join(obj.phrase() for obj in self.objects) + f" on a {self.background} background"
+
+
+#: The attributes :func:`word_attributes` labels, and how many values each has.
+ATTRIBUTES: dict[str, tuple[str, ...]] = {"colour": OBJECT_COLOURS, "shape": SHAPES, "size": SIZES,
+                                          "position": POSITION_NAMES}
+
+
+def word_attributes(scene: Scene) -> list[tuple[int, ...] | None]:
+    """Per word of ``scene.caption``: the indices (into :data:`ATTRIBUTES`) of the colour, shape, size
+    and position of the object whose phrase the word is in, or None ("and", "on a ... background").
+
+    Training labels for binding: a text encoder that can read every attribute of an object off any
+    word of its phrase has bound them, which is what a two-shape prompt needs.
+    """
+    labels: list[tuple[int, ...] | None] = []
+    for i, obj in enumerate(scene.objects):
+        if i:
+            labels.append(None)  # "and"
+        values = (obj.colour, obj.shape, obj.size, obj.position)
+        ids = tuple(table.index(v) for table, v in zip(ATTRIBUTES.values(), values))
+        labels += [ids] * len(obj.phrase().split())
+    labels += [None] * len(f"on a {scene.background} background".split())
+    assert len(labels) == len(scene.caption.split())
+    return labels
 
 
 def is_held_out(colour: str, shape: str, position: str) -> bool:
@@ -143,28 +174,23 @@ def parse_caption(caption: str) -> Scene:
     return scene
 
 
-def scale_of(size: tuple[int, int]) -> float:
-    """Pixels per 64x64-canvas pixel on a ``(width, height)`` canvas: its shorter side / 64."""
-    return min(size) / IMAGE_SIZE
-
-
 def layout(position: str, object_size: str, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> tuple[int, int, int]:
     """``(centre x, centre y, side)`` in pixels of an object on a ``(width, height)`` canvas.
 
     The centre is at the same fraction of the canvas as on 64x64 (quadrant centres at 1/4 and 3/4
-    of each side, or the middle); the side scales with the canvas's shorter side.
+    of each side, or the middle); the side is the same number of pixels on every canvas.
     """
     width, height = size
     _, x, y = POSITIONS[position]
-    return round(x * width / IMAGE_SIZE), round(y * height / IMAGE_SIZE), round(SIDE[object_size] * scale_of(size))
+    return round(x * width / IMAGE_SIZE), round(y * height / IMAGE_SIZE), SIDE[object_size]
 
 
 def render(scene: Scene, rng: random.Random | None = None, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> Image.Image:
     """Draw ``scene`` on a ``(width, height)`` canvas (with a small random jitter of each object's
-    centre, scaled with the canvas, when ``rng`` is given)."""
+    centre when ``rng`` is given)."""
     image = Image.new("RGB", tuple(size), PALETTE[scene.background])
     draw = ImageDraw.Draw(image)
-    jitter = round(JITTER * scale_of(size))
+    jitter = JITTER
     for obj in scene.objects:
         cx, cy, side = layout(obj.position, obj.size, size)
         if rng is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tiny_shapes.dataset import BACKGROUNDS, IMAGE_SIZE, OBJECT_COLOURS, PALETTE, Scene, layout, scale_of
+from tiny_shapes.dataset import BACKGROUNDS, IMAGE_SIZE, OBJECT_COLOURS, PALETTE, Scene, layout
 
 METRICS = ("background", "colour", "position", "shape", "size", "all")
 #: Two-shape scenes: ``count`` is "exactly two objects found"; colour/position/shape/size are
@@ -34,7 +34,7 @@ TWO_SHAPE_METRICS = ("background", "count", "colour", "position", "shape", "size
 TARGETS = {"background": 0.95, "colour": 0.90, "position": 0.80, "shape": 0.70}
 #: Issue #19's targets per bucket: single-shape scenes all right, two-shape scenes both objects all right.
 ALL_TARGETS = {"single": 0.95, "two": 0.80}
-#: Smallest area (pixels on a 64 px canvas side; scaled with the canvas) that counts as an object in a
+#: Smallest area (pixels; sizes are pixels on every canvas) that counts as an object in a
 #: two-shape scene: a small shape is ~100-200 px, a blurred edge's stray pixels are a few.
 MIN_OBJECT_AREA = 24
 
@@ -170,15 +170,14 @@ def _pixels_and_background(image):
 
 def _position_and_size(x0, x1, y0, y1, w: int, h: int) -> tuple[str, str]:
     """Position word of a bounding box's centre (as a fraction of the canvas: within 1/8 of the
-    middle on both axes = "center", else the quadrant) and size word (side > 20 px per 64 px of
-    the canvas's shorter side = "large")."""
+    middle on both axes = "center", else the quadrant) and size word (side > 20 px = "large")."""
     cx, cy = (x0 + x1) / 2 * IMAGE_SIZE / w, (y0 + y1) / 2 * IMAGE_SIZE / h
     half = IMAGE_SIZE / 2
     if abs(cx - half) < 8 and abs(cy - half) < 8:
         position = "center"
     else:
         position = ("top " if cy < half else "bottom ") + ("left" if cx < half else "right")
-    size = "large" if max(x1 - x0 + 1, y1 - y0 + 1) / scale_of((w, h)) > 20 else "small"
+    size = "large" if max(x1 - x0 + 1, y1 - y0 + 1) > 20 else "small"
     return position, size
 
 
@@ -186,7 +185,6 @@ def analyze(image) -> Analysis:
     """What a single-shape image shows, on any canvas (see the module docstring)."""
     pixels, background = _pixels_and_background(image)
     h, w, _ = pixels.shape
-    scale = scale_of((w, h))
     bg_rgb = np.array(PALETTE[background], dtype=np.float32)
     # Object pixels: clearly away from the background colour, labelled with the nearest object colour.
     far = np.sqrt(((pixels.astype(np.float32) - bg_rgb) ** 2).sum(-1)) > 60
@@ -209,7 +207,7 @@ def analyze(image) -> Analysis:
     fill = float(mask.sum()) / float(bw * bh)
     position, size = _position_and_size(x0, x1, y0, y1, w, h)
     second = largest_blob(full_mask & ~mask)
-    shape = read_shape(mask[y0:y1 + 1, x0:x1 + 1], second_blob=second.sum() >= max(6 * scale * scale, 0.25 * mask.sum()))
+    shape = read_shape(mask[y0:y1 + 1, x0:x1 + 1], second_blob=second.sum() >= max(6, 0.25 * mask.sum()))
     return Analysis(background, colour, position, shape, size, fill)
 
 
@@ -240,15 +238,14 @@ def find_objects(image, max_objects: int = 6) -> tuple[str, list[FoundObject]]:
     Repeatedly: the majority nearest object colour of the not yet explained pixels (more than 60
     RGB units from the background) names a colour; the largest connected blob of the unclaimed
     pixels nearer that colour than the background is an object if it covers at least
-    MIN_OBJECT_AREA (scaled with the canvas), and its shape is read by :func:`read_shape`; the blob
+    MIN_OBJECT_AREA, and its shape is read by :func:`read_shape`; the blob
     and a 2-pixel fringe around it (its blurred edge) are then explained. A colour with no such
     blob left is explained away. So a duplicated object counts twice, a dropped one is missing,
     and two touching objects of one colour are one blob whose shape is "other".
     """
     pixels, background = _pixels_and_background(image)
     h, w, _ = pixels.shape
-    scale = scale_of((w, h))
-    min_area = MIN_OBJECT_AREA * scale * scale
+    min_area = MIN_OBJECT_AREA
     bg_rgb = np.array(PALETTE[background], dtype=np.float32)
     to_bg = ((pixels - bg_rgb) ** 2).sum(-1)
     remaining = np.sqrt(to_bg) > 60
