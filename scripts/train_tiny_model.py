@@ -43,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import dataset as shapes_dataset  # noqa: E402
-from tiny_shapes.model import MAX_SEQUENCE_LENGTH, apply_adaln_zero_init, build_shapes_pipeline  # noqa: E402
+from tiny_shapes.model import MAX_SEQUENCE_LENGTH, build_shapes_pipeline  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
 #: ``true_cfg_scale`` guides against the empty prompt, which caption dropout trained.
@@ -89,10 +89,6 @@ def parse_args(argv=None):
     p.add_argument("--batch-sizes", type=str, default="48,16,32,32",
                    help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--adaln-zero", action="store_true",
-                   help="from scratch: start the transformer with DiT's adaLN-Zero initialisation")
-    p.add_argument("--sigma-sampling", choices=["uniform", "logit-normal"], default="uniform",
-                   help="training sigmas: uniform over the scheduler's table, or SD3's logit-normal (sigmoid of N(0, 1))")
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--object-weight", type=float, default=4.0,
                    help="loss weight of the latent tokens that cover an object (background tokens: 1)")
@@ -319,10 +315,7 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labe
         idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
         x0 = bucket["packed"][idx]
         r = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
-        if args.sigma_sampling == "logit-normal":  # most samples at mid noise, where layout and shape are decided
-            sigma = torch.sigmoid(torch.randn(batch, generator=gen))
-        else:
-            sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
+        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1)
         xt = (1 - s) * x0 + s * noise
@@ -376,8 +369,6 @@ def main(argv=None):
     else:
         pipe = build_shapes_pipeline(seed=args.seed, vae_blocks=tuple(int(c) for c in args.vae_blocks.split(",")),
                                      latent_channels=args.latent_channels)
-        if args.adaln_zero:
-            apply_adaln_zero_init(pipe.transformer)
     bucket_labels = [label.strip().lower() for label in args.buckets.split(",") if label.strip()]
     sizes = [tuple(int(v) for v in label.split("x")) for label in bucket_labels]
     counts = per_bucket(args.num_images, len(sizes))

@@ -46,24 +46,6 @@ def build_transformer(latent_channels: int = 4, heads: int = 4, head_dim: int = 
     )
 
 
-def apply_adaln_zero_init(transformer) -> None:
-    """DiT's adaLN-Zero initialisation: every block's modulation (shift, scale, gate) and the output
-    projection start at zero, so each block starts as the identity and the model as "predict 0".
-
-    diffusers initialises FluxTransformer2DModel for loading pretrained weights (PyTorch defaults);
-    trained from scratch, DiT found adaLN-Zero converges markedly faster than that.
-    """
-    modulations = [transformer.norm_out.linear, transformer.proj_out]
-    for block in transformer.transformer_blocks:
-        modulations += [block.norm1.linear, block.norm1_context.linear]
-    for block in transformer.single_transformer_blocks:
-        modulations.append(block.norm.linear)
-    with torch.no_grad():
-        for linear in modulations:
-            linear.weight.zero_()
-            linear.bias.zero_()
-
-
 def build_text_encoders(text_dim: int = 64):
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
