@@ -233,7 +233,9 @@ def binding_labels(pipe, unique: list[str]) -> torch.Tensor:
             continue
         words = shapes_dataset.word_attributes(shapes_dataset.parse_caption(caption))
         pieces = pipe.tokenizer_2.tokenize(caption)
-        assert len(pieces) == len(words), (caption, pieces)
+        if len(pieces) != len(words):
+            raise SystemExit(f"--binding-weight needs one T5 piece per grammar word; this tokenizer splits "
+                             f"{caption!r} into {pieces} (a model of an older grammar? pass --binding-weight 0)")
         for i, ids in enumerate(words[:MAX_SEQUENCE_LENGTH]):
             if ids is not None:
                 labels[row, i] = torch.tensor(ids)
