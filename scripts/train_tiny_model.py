@@ -8,9 +8,9 @@ shipped weights are stage 1's, whose command is in assets/models/tiny-shapes/tra
 Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
 1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
-2. train the AutoencoderKL on the ``--vae-buckets`` scenes (MSE + a small KL term; random crops
-   first, whole images last), then set its ``shift_factor``/``scaling_factor`` from the latent
-   statistics of every bucket;
+2. train the AutoencoderKL (MSE + a small KL term; random crops of the ``--vae-buckets`` scenes
+   first, whole ``--vae-full-buckets`` images last), then set its ``shift_factor``/``scaling_factor``
+   from the latent statistics of every bucket;
 3. encode every image once (latent mean, ``_pack_latents``) and tokenize every caption once with
    the pipeline's own tokenizers (CLIP char-level, T5 with whole-word pieces);
 4. train the FluxTransformer2DModel together with both text encoders (CLIP pooled output + T5
@@ -65,11 +65,14 @@ def parse_args(argv=None):
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-buckets", type=str, default="64x64",
-                   help="the buckets whose scenes train the VAE (sizes are pixels, so a shape looks alike on every "
-                        "canvas and the convolutional VAE trained on 64x64 scenes serves them all)")
-    p.add_argument("--vae-full-steps", type=int, default=200,
-                   help="the last N VAE steps see whole images (the buckets in turn, batch scaled by area); "
-                        "the ones before see --vae-crop crops")
+                   help="the buckets whose scenes the VAE's crop steps see (sizes are pixels, so a shape looks alike "
+                        "on every canvas and crops of 64x64 scenes teach the convolutions every shape)")
+    p.add_argument("--vae-full-steps", type=int, default=400,
+                   help="the last N VAE steps see whole images of --vae-full-buckets (in turn, batch scaled by "
+                        "area); the ones before see --vae-crop crops")
+    p.add_argument("--vae-full-buckets", type=str, default="64x64,128x128",
+                   help="the buckets whose whole scenes the last VAE steps see: GroupNorm and the mid-block "
+                        "attention see the whole canvas, and a VAE that saw only 64x64 ones draws 128x128 scenes worse")
     p.add_argument("--vae-crop", type=int, default=32, help="side of the random crops of the first VAE steps")
     p.add_argument("--vae-batch-size", type=int, default=32)
     p.add_argument("--vae-lr", type=float, default=2e-3)
@@ -146,9 +149,11 @@ def object_pixel_mask(images: np.ndarray, scenes) -> np.ndarray:
     return near.to(torch.uint8).numpy()
 
 
-def train_vae(vae, images: list[np.ndarray], masks: list[np.ndarray], args, log, gen: torch.Generator):
-    """Crop steps take crops of every bucket's images in turn (the VAE is convolutional: a 32x32 crop
-    costs a quarter of a 64x64 image); full steps take whole images of each bucket in turn, the batch
+def train_vae(vae, crop_sets: list[tuple[np.ndarray, np.ndarray]], full_sets: list[tuple[np.ndarray, np.ndarray]],
+              args, log, gen: torch.Generator):
+    """``*_sets``: (uint8 images, object pixel masks) per bucket. Crop steps take crops of the
+    ``crop_sets`` buckets' images in turn (the VAE is convolutional: a 32x32 crop costs a quarter of
+    a 64x64 image); full steps take whole images of the ``full_sets`` buckets in turn, the batch
     scaled by the image area (so each costs about as much as a 64x64 batch).
 
     The reconstruction loss weighs the pixels on and around objects ``--vae-object-weight`` times the
@@ -161,8 +166,9 @@ def train_vae(vae, images: list[np.ndarray], masks: list[np.ndarray], args, log,
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.vae_steps, args.vae_lr)
-        bucket, mask = images[step % len(images)], masks[step % len(images)]
         full = step >= args.vae_steps - args.vae_full_steps
+        sets = full_sets if full else crop_sets
+        bucket, mask = sets[step % len(sets)]
         height, width = bucket.shape[1:3]
         batch = max(4, round(args.vae_batch_size * 64 * 64 / (height * width))) if full else args.vae_batch_size
         idx = torch.randint(0, len(bucket), (batch,), generator=gen)
@@ -390,11 +396,15 @@ def main(argv=None):
     elif args.init_from:
         pipe.vae.eval()
     else:
-        vae_data = [d for label, d in zip(bucket_labels, data) if label in args.vae_buckets.lower().split(",")]
-        if not vae_data:
-            raise SystemExit(f"--vae-buckets {args.vae_buckets!r} names none of --buckets {args.buckets!r}")
-        train_vae(pipe.vae, [d[0] for d in vae_data], [object_pixel_mask(d[0], d[2]) for d in vae_data], args, log,
-                  vae_gen)
+        def vae_sets(option: str, value: str) -> list[tuple[np.ndarray, np.ndarray]]:
+            chosen = [(d[0], object_pixel_mask(d[0], d[2])) for label, d in zip(bucket_labels, data)
+                      if label in value.lower().split(",")]
+            if not chosen:
+                raise SystemExit(f"{option} {value!r} names none of --buckets {args.buckets!r}")
+            return chosen
+
+        train_vae(pipe.vae, vae_sets("--vae-buckets", args.vae_buckets),
+                  vae_sets("--vae-full-buckets", args.vae_full_buckets), args, log, vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
     timings["vae_s"] = time.perf_counter() - t
