@@ -3,8 +3,9 @@
 
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 python scripts/train_tiny_model.py --output assets/models/tiny-shapes --seed 0
 
-The defaults are the four-bucket recipe of issue #19 (docs/tiny-shapes.md, "Third attempt"; the
-shipped weights are stage 1's, whose command is in assets/models/tiny-shapes/training_stage1.json).
+The defaults are the four-bucket recipe of issue #19 (docs/tiny-shapes.md, "Third attempt" and
+"Fourth attempt"; the shipped weights are stage 1's, whose command is in
+assets/models/tiny-shapes/training_stage1.json).
 Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
 1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
