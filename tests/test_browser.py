@@ -36,7 +36,10 @@ OBSERVE_GALLERY = """(selector) => {
 def app_url(cache_dir):
     app, url = start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", "--model", "tiny-flux",
                          "--models", "tiny-flux,tiny-sd3", "--no-warmup",
-                         "--max-images", str(LONG_RUN_IMAGES))
+                         "--max-images", str(LONG_RUN_IMAGES),
+                         # a preview every 0.05 s: at the default 0.25 s an image must take over 0.5 s to show
+                         # one, and a tiny model's 50 steps at 128x128 take about that here
+                         "--preview-seconds", "0.05")
     yield url
     stop_app(app)
 
