@@ -27,7 +27,7 @@ from tpu_demo.device import detect_device  # noqa: E402
 from tpu_demo.models.loading import load_pipeline  # noqa: E402
 from tpu_demo.web.handlers import example_rows  # noqa: E402
 
-TILE, CAPTION, COLUMNS = 128, 44, 4
+TILE, CAPTION, COLUMNS = 128, 80, 4  # a two-shape caption wraps to six lines of 11 px
 
 
 def main() -> None:
@@ -51,8 +51,7 @@ def main() -> None:
         scale = TILE / max(width, height)
         fitted = image.resize((round(width * scale), round(height * scale)), Image.Resampling.NEAREST)
         grid.paste(fitted, (x + (TILE - fitted.width) // 2, y + (TILE - fitted.height) // 2))
-        wrapped = textwrap.wrap(prompt.removeprefix("a "), 24)
-        caption = "\n".join(wrapped[:2] + [f"{wrapped[2] if len(wrapped) > 2 else ''} [{resolution}]".strip()])
+        caption = "\n".join(textwrap.wrap(f"{prompt.removeprefix('a ')} [{resolution}]", 24))
         draw.multiline_text((x + 3, y + TILE + 2), caption, fill="black", font=font, spacing=1)
     grid.save(args.output)
     print(f"wrote {args.output} ({len(examples)} prompts, seed {args.seed})")

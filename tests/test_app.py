@@ -48,7 +48,6 @@ def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
     assert "warm" in result[0]["caption"] and app.engine.counter.count == compiled
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19: the shipped tiny-shapes weights serve one bucket, 64x64")
 def test_default_model_warms_its_buckets_in_order_cold_compiling_warm(launch_app):
     """The embedded default in compiled mode: every bucket of the catalog entry (at least four, two of
     them non-square) goes cold -> compiling -> warm, one after another in the configured order, and
