@@ -33,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshot.png")
     parser.add_argument("--model", default=None, help="model to show (default: the app's start model)")
     parser.add_argument("--prompt", default=None, help="default: the model's first example prompt")
+    parser.add_argument("--mode", default=None, help="execution mode at start, e.g. compiled: the Buckets panel then "
+                                                      "shows each bucket's compile (default: the app's)")
     parser.add_argument("--num-images", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--theme", choices=("light", "dark"), default="light")
@@ -62,6 +64,7 @@ def main() -> None:
     args = parse_args()
     flags = ["--compile-backend", "aot_eager", "--threads", "1"]
     flags += ["--model", args.model] if args.model else []
+    flags += ["--mode", args.mode] if args.mode else []
     flags += ["--cache-dir", args.cache_dir] if args.cache_dir else []
     app, url = start_app(*flags)
     try:

@@ -3,20 +3,24 @@
 
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 python scripts/train_tiny_model.py --output assets/models/tiny-shapes --seed 0
 
-The defaults are the recipe of the shipped weights (44 minutes on 2 cores). Stages (each with a
-tqdm bar; losses go to ``<output>/train_log.jsonl``):
+The defaults are the four-bucket recipe of issue #19 (docs/tiny-shapes.md, "Third attempt" and
+"Fourth attempt"; the shipped weights are stage 1's, whose command is in
+assets/models/tiny-shapes/training_stage1.json).
+Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
-1. render ``--num-images`` captioned scenes (tpu_demo.shapes_dataset; held-out triples never appear);
-2. train the AutoencoderKL (MSE + a small KL term; random crops first, whole images last), then
-   set its ``shift_factor``/``scaling_factor`` from the latent statistics;
+1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
+2. train the AutoencoderKL (MSE + a small KL term; random crops of the ``--vae-buckets`` scenes
+   first, whole ``--vae-full-buckets`` images last), then set its ``shift_factor``/``scaling_factor``
+   from the latent statistics of every bucket;
 3. encode every image once (latent mean, ``_pack_latents``) and tokenize every caption once with
    the pipeline's own tokenizers (CLIP char-level, T5 with whole-word pieces);
 4. train the FluxTransformer2DModel together with both text encoders (CLIP pooled output + T5
    hidden states, computed exactly as ``FluxPipeline.encode_prompt`` does) with the
    flow-matching loss on sigmas drawn from the pipeline's FlowMatchEulerDiscreteScheduler
    (x_t = (1 - s) x0 + s noise, target noise - x0), weighted towards the tokens that show an
-   object, with caption dropout for true CFG, keeping an EMA of the weights, which is what gets
-   saved; ``--freeze-text-encoders`` keeps the text encoders at their random initialisation;
+   object, with caption dropout for true CFG, plus the auxiliary binding loss on T5's states
+   (``--binding-weight``), keeping an EMA of the weights, which is what gets saved;
+   ``--freeze-text-encoders`` keeps the text encoders at their random initialisation;
 5. ``save_pretrained(..., safe_serialization=True)`` the whole pipeline plus ``demo_defaults.json``.
 """
 
@@ -53,23 +57,50 @@ def parse_args(argv=None):
     p.add_argument("--output", type=Path, default=Path("assets/models/tiny-shapes"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--num-images", type=int, default=12000)
+    p.add_argument("--buckets", type=str, default="64x64,128x128,96x64,64x96",
+                   help="canvases WIDTHxHEIGHT to train on (the catalog's buckets; the first is the default)")
+    p.add_argument("--num-images", type=str, default="12000,4000,6000,6000",
+                   help="scenes rendered per bucket (one number for every bucket, or one per bucket)")
+    p.add_argument("--bucket-weights", type=str, default="0.4,0.2,0.2,0.2",
+                   help="share of the transformer steps spent on each bucket (one batch = one bucket)")
+    p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
-    p.add_argument("--vae-full-steps", type=int, default=200,
-                   help="the last N VAE steps see whole 64x64 images; the ones before see --vae-crop crops")
+    p.add_argument("--vae-buckets", type=str, default="64x64",
+                   help="the buckets whose scenes the VAE's crop steps see (sizes are pixels, so a shape looks alike "
+                        "on every canvas and crops of 64x64 scenes teach the convolutions every shape)")
+    p.add_argument("--vae-full-steps", type=int, default=400,
+                   help="the last N VAE steps see whole images of --vae-full-buckets (in turn, batch scaled by "
+                        "area); the ones before see --vae-crop crops")
+    p.add_argument("--vae-full-buckets", type=str, default="64x64,128x128",
+                   help="the buckets whose whole scenes the last VAE steps see: GroupNorm and the mid-block "
+                        "attention see the whole canvas, and a VAE that saw only 64x64 ones draws 128x128 scenes worse")
     p.add_argument("--vae-crop", type=int, default=32, help="side of the random crops of the first VAE steps")
     p.add_argument("--vae-batch-size", type=int, default=32)
     p.add_argument("--vae-lr", type=float, default=2e-3)
-    p.add_argument("--no-bf16", dest="bf16", action="store_false",
-                   help="train the VAE in float32 (default: bfloat16 autocast, 1.5x faster on AVX512-BF16 CPUs)")
-    p.add_argument("--steps", type=int, default=7000, help="transformer steps")
-    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--vae-object-weight", type=float, default=0.0,
+                   help="reconstruction loss weight of the pixels on or next to an object (background: 1)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
+                        "its VAE (and latent shift/scale) is kept as is, the transformer and text encoders are trained on")
+    p.add_argument("--vae-blocks", type=str, default="16,32,64",
+                   help="VAE block_out_channels; n blocks make vae_scale_factor 2**(n-1)")
+    p.add_argument("--latent-channels", type=int, default=4,
+                   help="VAE latent channels (the transformer takes 4x as many)")
+    p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE (use with --save-vae)")
+    p.add_argument("--bf16", action="store_true",
+                   help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
+    p.add_argument("--steps", type=int, default=5000, help="transformer steps")
+    p.add_argument("--batch-sizes", type=str, default="48,16,32,32",
+                   help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--object-weight", type=float, default=4.0,
                    help="loss weight of the latent tokens that cover an object (background tokens: 1)")
     p.add_argument("--caption-dropout", type=float, default=0.1,
                    help="share of transformer samples trained on the empty prompt (enables true CFG)")
+    p.add_argument("--binding-weight", type=float, default=0.2,
+                   help="weight of the auxiliary binding loss: linear heads (discarded after training) read each "
+                        "object's colour, shape, size and position off every T5 state of its phrase")
     p.add_argument("--freeze-text-encoders", action="store_true",
                    help="train only the transformer (the text encoders stay at their seeded random weights)")
     p.add_argument("--log-every", type=int, default=10)
@@ -101,29 +132,65 @@ class Logger:
         self.file.flush()
 
 
-def train_vae(vae, images: np.ndarray, args, log, gen: torch.Generator):
+def per_bucket(text: str, count: int, kind=int) -> list:
+    """"12000" or "12000,6000,..." -> one value per bucket."""
+    values = [kind(v) for v in str(text).split(",") if v.strip()]
+    if len(values) == 1:
+        values *= count
+    if len(values) != count:
+        raise SystemExit(f"expected 1 or {count} comma-separated values, got {text!r}")
+    return values
+
+
+def object_pixel_mask(images: np.ndarray, scenes) -> np.ndarray:
+    """uint8 ``(n, h, w)``: 1 on the pixels within 2 px of an object (differs from the scene's background)."""
+    background = np.array([shapes_dataset.PALETTE[s.background] for s in scenes], dtype=np.int16)
+    on_object = torch.from_numpy((images.astype(np.int16) != background[:, None, None, :]).any(-1))
+    near = F.max_pool2d(on_object[:, None].float(), kernel_size=5, stride=1, padding=2)[:, 0]
+    return near.to(torch.uint8).numpy()
+
+
+def train_vae(vae, crop_sets: list[tuple[np.ndarray, np.ndarray]], full_sets: list[tuple[np.ndarray, np.ndarray]],
+              args, log, gen: torch.Generator):
+    """``*_sets``: (uint8 images, object pixel masks) per bucket. Crop steps take crops of the
+    ``crop_sets`` buckets' images in turn (the VAE is convolutional: a 32x32 crop costs a quarter of
+    a 64x64 image); full steps take whole images of the ``full_sets`` buckets in turn, the batch
+    scaled by the image area (so each costs about as much as a 64x64 batch).
+
+    The reconstruction loss weighs the pixels on and around objects ``--vae-object-weight`` times the
+    background's: what tells a small circle from a small square is a few edge pixels, and a plain mean
+    spends most of its gradient on flat background.
+    """
     vae.train()
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     bar = tqdm(range(args.vae_steps), desc="vae", dynamic_ncols=True, mininterval=5)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.vae_steps, args.vae_lr)
-        idx = torch.randint(0, len(images), (args.vae_batch_size,), generator=gen)
-        x = to_tensor(images[idx.numpy()])
-        if step < args.vae_steps - args.vae_full_steps:  # the VAE is convolutional: crops cost 4x less
-            top, left = torch.randint(0, x.shape[-1] - args.vae_crop + 1, (2,), generator=gen).tolist()
+        full = step >= args.vae_steps - args.vae_full_steps
+        sets = full_sets if full else crop_sets
+        bucket, mask = sets[step % len(sets)]
+        height, width = bucket.shape[1:3]
+        batch = max(4, round(args.vae_batch_size * 64 * 64 / (height * width))) if full else args.vae_batch_size
+        idx = torch.randint(0, len(bucket), (batch,), generator=gen)
+        x = to_tensor(bucket[idx.numpy()])
+        weight = 1.0 + args.vae_object_weight * torch.from_numpy(mask[idx.numpy()]).float()[:, None]
+        if not full:
+            top = int(torch.randint(0, height - args.vae_crop + 1, (1,), generator=gen))
+            left = int(torch.randint(0, width - args.vae_crop + 1, (1,), generator=gen))
             x = x[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
+            weight = weight[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             posterior = vae.encode(x).latent_dist
             recon = vae.decode(posterior.sample(generator=gen)).sample
-        mse = F.mse_loss(recon.float(), x)
+        mse = ((recon.float() - x) ** 2 * weight).sum() / (weight.sum() * x.shape[1])
         kl = posterior.kl().float().mean() / posterior.mean[0].numel()
         loss = mse + 1e-4 * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % args.log_every == 0 or step == args.vae_steps - 1:
-            log(stage="vae", step=step, loss=loss.item(), mse=mse.item(), kl=kl.item())
+            log(stage="vae", step=step, loss=loss.item(), mse=mse.item(), kl=kl.item(), full=full)
             bar.set_postfix(mse=f"{mse.item():.4f}")
     vae.eval()
 
@@ -163,6 +230,38 @@ def tokenize_captions(pipe, captions: list[str]):
     return unique, clip_ids, t5_ids, torch.tensor([index[c] for c in captions])
 
 
+def binding_labels(pipe, unique: list[str]) -> torch.Tensor:
+    """``(captions, MAX_SEQUENCE_LENGTH, attributes)`` long: per T5 token, the attributes of the object
+    whose phrase it is in (``shapes_dataset.word_attributes``), -100 (ignored) elsewhere.
+    Every grammar word is one T5 piece, so token i is word i."""
+    labels = torch.full((len(unique), MAX_SEQUENCE_LENGTH, len(shapes_dataset.ATTRIBUTES)), -100)
+    for row, caption in enumerate(unique):
+        if not caption:
+            continue
+        words = shapes_dataset.word_attributes(shapes_dataset.parse_caption(caption))
+        pieces = pipe.tokenizer_2.tokenize(caption)
+        if len(pieces) != len(words):
+            raise SystemExit(f"--binding-weight needs one T5 piece per grammar word; this tokenizer splits "
+                             f"{caption!r} into {pieces} (a model of an older grammar? pass --binding-weight 0)")
+        for i, ids in enumerate(words[:MAX_SEQUENCE_LENGTH]):
+            if ids is not None:
+                labels[row, i] = torch.tensor(ids)
+    return labels
+
+
+class BindingProbe(torch.nn.Module):
+    """One linear head per attribute on the T5 hidden states; only for the auxiliary loss (not saved)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(width, len(v)) for v in shapes_dataset.ATTRIBUTES.values())
+
+    def forward(self, embeds: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        losses = [F.cross_entropy(head(embeds).flatten(0, 1), labels[..., k].flatten(), ignore_index=-100)
+                  for k, head in enumerate(self.heads)]
+        return torch.stack(losses).mean()
+
+
 class Conditioning(torch.nn.Module):
     """Both text encoders, called the way ``FluxPipeline._get_clip_prompt_embeds`` / ``_get_t5_prompt_embeds`` do."""
 
@@ -197,37 +296,48 @@ def save_pipeline(pipe, path: Path) -> None:
     (path / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
 
 
-def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, clip_ids, t5_ids, rows, img_ids,
-                      txt_ids, args, log, gen: torch.Generator) -> Trainable:
+def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labels, args, log,
+                      gen: torch.Generator) -> Trainable:
+    """``buckets``: per canvas, ``packed`` latents, ``token_weights``, caption ``rows``, ``img_ids``,
+    ``batch`` size and ``weight`` (share of the steps). Each step draws one bucket, then a batch of it."""
     model = Trainable(pipe.transformer, Conditioning(pipe.text_encoder, pipe.text_encoder_2))
     model.train()
     model.conditioning.eval()  # no dropout in T5: the conditioning is deterministic, as at inference
     model.conditioning.requires_grad_(not args.freeze_text_encoders)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
+    probe = BindingProbe(pipe.text_encoder_2.config.d_model) if args.binding_weight else None
+    if probe is not None:
+        params += list(probe.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     # Sigmas of the pipeline's own scheduler (its 1000 training timesteps, shift applied).
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     sigmas_table = scheduler.sigmas[: scheduler.config.num_train_timesteps].clone()
+    bucket_p = torch.tensor([b["weight"] for b in buckets], dtype=torch.float64)
     bar = tqdm(range(args.steps), desc="transformer", dynamic_ncols=True, mininterval=5)
     running = None
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        idx = torch.randint(0, len(packed), (args.batch_size,), generator=gen)
-        x0 = packed[idx]
-        r = torch.where(torch.rand(args.batch_size, generator=gen) < args.caption_dropout, 0, rows[idx])
-        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (args.batch_size,), generator=gen)]
+        bucket = buckets[int(torch.multinomial(bucket_p, 1, generator=gen))]
+        batch = bucket["batch"]
+        idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
+        x0 = bucket["packed"][idx]
+        r = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
+        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1)
         xt = (1 - s) * x0 + s * noise
         with torch.set_grad_enabled(not args.freeze_text_encoders):
             embeds, pooled = model.conditioning(clip_ids[r], t5_ids[r])
         pred = model.transformer(hidden_states=xt, timestep=sigma, pooled_projections=pooled,
-                                 encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids,
+                                 encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=bucket["img_ids"],
                                  return_dict=False)[0]
-        weights = token_weights[idx]
+        weights = bucket["token_weights"][idx]
         loss = ((pred - (noise - x0)) ** 2).mean(-1).mul(weights).sum() / weights.sum()
+        binding = probe(embeds, labels[r]) if probe is not None and (r > 0).any() else None
+        if binding is not None:
+            loss = loss + args.binding_weight * binding
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -238,7 +348,8 @@ def train_transformer(pipe, packed: torch.Tensor, token_weights: torch.Tensor, c
                 pe.lerp_(pt, 1 - decay)
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % args.log_every == 0 or step == args.steps - 1:
-            log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"])
+            log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"],
+                bucket=bucket["name"], **({} if binding is None else {"binding": binding.item()}))
             bar.set_postfix(loss=f"{running:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             ckpt = args.output.with_name(args.output.name + ".ckpt")
@@ -259,41 +370,77 @@ def main(argv=None):
     timings = {}
     t0 = time.perf_counter()
 
-    pipe = build_shapes_pipeline(seed=args.seed)
-    data = shapes_dataset.generate(args.num_images, seed=args.seed)
-    images = np.stack([d[0] for d in data])
-    captions = [d[1] for d in data]
-    scenes = [d[2] for d in data]
+    if args.init_from:
+        from diffusers import FluxPipeline
+
+        pipe = FluxPipeline.from_pretrained(args.init_from, dtype=torch.float32, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+    else:
+        pipe = build_shapes_pipeline(seed=args.seed, vae_blocks=tuple(int(c) for c in args.vae_blocks.split(",")),
+                                     latent_channels=args.latent_channels)
+    bucket_labels = [label.strip().lower() for label in args.buckets.split(",") if label.strip()]
+    sizes = [tuple(int(v) for v in label.split("x")) for label in bucket_labels]
+    counts = per_bucket(args.num_images, len(sizes))
+    batches = per_bucket(args.batch_sizes, len(sizes))
+    shares = per_bucket(args.bucket_weights, len(sizes), float)
+    data = []  # per bucket: (uint8 images, captions, scenes); bucket i renders from seed + 1000 i
+    for i, (size, count) in enumerate(zip(sizes, counts)):
+        rendered = shapes_dataset.generate(count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob,
+                                           size=size)
+        data.append((np.stack([d[0] for d in rendered]), [d[1] for d in rendered], [d[2] for d in rendered]))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
     if args.load_vae:
         pipe.vae.load_state_dict(torch.load(args.load_vae))
         pipe.vae.eval()
+    elif args.init_from:
+        pipe.vae.eval()
     else:
-        train_vae(pipe.vae, images, args, log, vae_gen)
+        def vae_sets(option: str, value: str) -> list[tuple[np.ndarray, np.ndarray]]:
+            chosen = [(d[0], object_pixel_mask(d[0], d[2])) for label, d in zip(bucket_labels, data)
+                      if label in value.lower().split(",")]
+            if not chosen:
+                raise SystemExit(f"{option} {value!r} names none of --buckets {args.buckets!r}")
+            return chosen
+
+        train_vae(pipe.vae, vae_sets("--vae-buckets", args.vae_buckets),
+                  vae_sets("--vae-full-buckets", args.vae_full_buckets), args, log, vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
     timings["vae_s"] = time.perf_counter() - t
+    if args.vae_only:
+        print(json.dumps(timings))
+        return
 
     t = time.perf_counter()
-    latents = encode_images(pipe.vae, images)
-    shift, scale = latents.mean().item(), 1.0 / latents.std().item()
+    latents = [encode_images(pipe.vae, images) for images, _, _ in data]
+    flat = torch.cat([lat.flatten() for lat in latents])
+    shift, scale = flat.mean().item(), 1.0 / flat.std().item()
+    if args.init_from and not args.load_vae:  # the transformer learned the VAE's existing normalisation
+        shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
     pipe.vae.register_to_config(shift_factor=shift, scaling_factor=scale)
-    latents = (latents - shift) * scale
-    b, c, h, w = latents.shape
-    packed = pipe._pack_latents(latents, b, c, h, w)
-    token_weights = object_token_weights(images, scenes, images.shape[1] // (w // 2), args.object_weight)
-    img_ids = pipe._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32)
-    unique, clip_ids, t5_ids, rows = tokenize_captions(pipe, captions)
+    unique, clip_ids, t5_ids, rows = tokenize_captions(pipe, [c for _, captions, _ in data for c in captions])
+    token_pixels = pipe.vae_scale_factor * 2  # a packed token is 2x2 latent pixels
+    buckets, offset = [], 0
+    for (width, height), (images, captions, scenes), lat, batch, share in zip(sizes, data, latents, batches, shares):
+        lat = (lat - shift) * scale
+        b, c, h, w = lat.shape
+        buckets.append(dict(
+            name=f"{width}x{height}", packed=pipe._pack_latents(lat, b, c, h, w),
+            token_weights=object_token_weights(images, scenes, token_pixels, args.object_weight),
+            img_ids=pipe._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32),
+            rows=rows[offset:offset + b], batch=batch, weight=share))
+        offset += b
+    del data, latents
     txt_ids = torch.zeros(MAX_SEQUENCE_LENGTH, 3)
     timings["encode_s"] = time.perf_counter() - t
-    log(stage="latents", shift_factor=shift, scaling_factor=scale, shape=list(latents.shape),
-        unique_captions=len(unique))
+    log(stage="latents", shift_factor=shift, scaling_factor=scale, buckets=[b["name"] for b in buckets],
+        tokens=[b["packed"].shape[1] for b in buckets], unique_captions=len(unique))
 
     t = time.perf_counter()
-    ema = train_transformer(pipe, packed, token_weights, clip_ids, t5_ids, rows, img_ids, txt_ids, args, log,
-                            transformer_gen)
+    labels = binding_labels(pipe, unique) if args.binding_weight else None
+    ema = train_transformer(pipe, buckets, clip_ids, t5_ids, txt_ids, labels, args, log, transformer_gen)
     pipe = pipeline_with(pipe, ema)
     pipe.set_progress_bar_config(disable=True)
     timings["transformer_s"] = time.perf_counter() - t

@@ -1,6 +1,7 @@
 """The real app: a Gradio server on loopback driven by the real gradio_client."""
 
 import numpy as np
+import pytest
 from gradio_client import Client
 from PIL import Image
 
@@ -45,6 +46,44 @@ def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):
     result, _ = Client(url, verbose=False).predict(**request_fields(mode="compiled", resolution="128x128", previews=False),
                                                 api_name="/generate")
     assert "warm" in result[0]["caption"] and app.engine.counter.count == compiled
+
+
+def test_default_model_warms_its_buckets_in_order_cold_compiling_warm(launch_app):
+    """The embedded default in compiled mode: every bucket of the catalog entry (at least four, two of
+    them non-square) goes cold -> compiling -> warm, one after another in the configured order, and
+    the first bucket serves a request while the others may still compile."""
+    import time
+
+    from tpu_demo.core.catalog import get_spec
+    from tpu_demo.core.modes import ExecutionMode
+
+    labels = [str(b) for b in get_spec("tiny-shapes").buckets]
+    assert len(labels) >= 4 and labels[0] == "64x64" and sum(b.width != b.height for b in get_spec("tiny-shapes").buckets) >= 2
+    app, url = launch_app("--mode", "compiled", "--max-batch", "1")
+    seen: dict[str, list[str]] = {label: [] for label in labels}
+    warm_order: list[str] = []
+    served = None
+    deadline = time.monotonic() + 300
+    while len(warm_order) < len(labels) and time.monotonic() < deadline:
+        for row in app.engine.buckets_for("tiny-shapes", ExecutionMode.COMPILED):
+            states = seen[row.resolution]
+            if not states or states[-1] != row.state.value:
+                states.append(row.state.value)
+            if row.state.value == "warm" and row.resolution not in warm_order:
+                warm_order.append(row.resolution)
+        if warm_order and served is None:  # the first bucket is warm: the page is usable
+            served = Client(url, verbose=False).submit(**request_fields(
+                model="tiny-shapes", mode="compiled", resolution=labels[0], num_inference_steps=12,
+                guidance_scale=3.0, previews=False), api_name="/generate")
+        time.sleep(0.02)
+    assert warm_order == labels, seen
+    for label, states in seen.items():
+        assert states[-2:] == ["compiling", "warm"] and states[0] in ("cold", "compiling"), (label, states)
+    assert all(seen[label][0] == "cold" for label in labels[1:]), seen  # each waited for the one before
+    result, _ = served.result(timeout=120)
+    assert "warm" in result[0]["caption"]
+    table = app.ui.bucket_table("tiny-shapes", "compiled")
+    assert all(f"| {label} | compiled |" in table for label in labels) and table.count("warm") >= len(labels)
 
 
 def test_default_start_is_the_trained_tiny_shapes_model(launch_app):

@@ -14,7 +14,8 @@ import pytest
 
 from tiny_shapes import dataset as sd
 from tpu_demo.core.catalog import get_spec
-from tiny_shapes.judge import METRICS, TARGETS, analyze, evaluate_pipeline, score
+from tiny_shapes.judge import (METRICS, TARGETS, TWO_SHAPE_METRICS, analyze, evaluate_pipeline, find_objects,
+                               judge_image, score)
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "models" / "tiny-shapes"
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "tiny_shapes_prompts.txt"
@@ -28,16 +29,39 @@ def test_generator_is_deterministic():
     assert a[0][0].shape == (64, 64, 3) and a[0][0].dtype == np.uint8
 
 
-def test_captions_match_pixels():
+@pytest.mark.parametrize("size", sd.CANVASES)
+def test_captions_match_pixels(size):
+    """On every canvas, the strict judges read back every training scene's caption (one or two shapes)."""
     checked = 0
-    for image, caption, scene in sd.generate(400, seed=11):
+    for image, caption, scene in sd.generate(120, seed=11, two_shape_prob=0.5, size=size):
+        assert image.shape == (size[1], size[0], 3)
         assert sd.parse_caption(caption) == scene
         assert set(caption.split()) <= set(sd.VOCABULARY)
-        if len(scene.objects) == 1:
-            result = score(scene, analyze(image))
-            assert all(result.values()), (caption, result)
-            checked += 1
-    assert checked > 200
+        result = judge_image(scene, image)
+        assert all(result.values()), (size, caption, result)
+        checked += len(scene.objects) == 2
+    assert checked > 40
+
+
+def test_layout_per_canvas():
+    """Positions are fractions of the canvas; sizes are pixels on every canvas (docs/tiny-shapes.md)."""
+    assert sd.layout("top left", "large", (64, 64)) == (16, 16, 26)
+    assert sd.layout("bottom right", "small", (128, 128)) == (96, 96, 14)
+    assert sd.layout("top right", "large", (96, 64)) == (72, 16, 26)
+    assert sd.layout("center", "small", (64, 96)) == (32, 48, 14)
+
+
+def test_word_attributes_label_each_phrase_with_its_own_object():
+    """The binding labels: every word of an object's phrase carries that object's attributes."""
+    scene = sd.parse_caption("a small red circle at the top-left and a large blue square in the center "
+                             "on a gray background")
+    labels = sd.word_attributes(scene)
+    words = scene.caption.split()
+    assert len(labels) == len(words)
+    first = tuple(table.index(v) for table, v in zip(sd.ATTRIBUTES.values(), ("red", "circle", "small", "top left")))
+    second = tuple(table.index(v) for table, v in zip(sd.ATTRIBUTES.values(), ("blue", "square", "large", "center")))
+    assert labels[:7] == [first] * 7 and labels[7] is None and labels[8:15] == [second] * 7
+    assert labels[15:] == [None] * 4
 
 
 def test_held_out_never_in_training():
@@ -49,6 +73,15 @@ def test_held_out_never_in_training():
     # Every held-out scene is drawn as its caption says.
     for scene in held:
         assert all(score(scene, analyze(sd.render(scene))).values())
+    two = sd.held_out_two_shape_prompts()
+    assert len(two) == len({s.caption for s in two}) == 100
+    for scene in two:  # both objects are held-out triples, of different colours and positions
+        assert len(scene.objects) == 2 and all(sd.is_held_out(o.colour, o.shape, o.position) for o in scene.objects)
+        assert len({o.colour for o in scene.objects} | {scene.background}) == 3
+        assert scene.objects[0].position != scene.objects[1].position
+        assert sd.parse_caption(scene.caption) == scene
+    tuning = sd.tuning_two_shape_prompts()
+    assert not any(sd.is_held_out(o.colour, o.shape, o.position) for s in tuning for o in s.objects)
 
 
 def _drawn(draw_shape, blur: float = 0.0):
@@ -100,6 +133,43 @@ def test_strict_judge_reads_every_dataset_shape_also_blurred():
         assert analyze(sd.render(scene).filter(ImageFilter.GaussianBlur(1.0))).shape == scene.objects[0].shape
 
 
+@pytest.mark.parametrize("size", sd.CANVASES)
+def test_strict_judges_read_every_canvas_also_blurred(size):
+    """Single- and two-shape held-out scenes (a slice) drawn on each canvas, sharp and blurred by one
+    pixel, are read right in every attribute."""
+    import random
+
+    from PIL import ImageFilter
+
+    rng = random.Random(0)
+    for scene in sd.held_out_prompts()[::5] + sd.held_out_two_shape_prompts()[::4]:
+        image = sd.render(scene, rng, size)
+        for drawn in (image, image.filter(ImageFilter.GaussianBlur(1.0))):
+            assert all(judge_image(scene, drawn).values()), (size, scene.caption)
+
+
+def test_two_shape_judge_catches_duplicates_drops_and_swaps():
+    """Each way the old model got two-shape prompts wrong fails `all`, for the reason named."""
+    scene = sd.parse_caption("a large red circle at the top-left and a large blue square at the bottom-right "
+                             "on a white background")
+    base = sd.Scene(scene.background, scene.objects)
+
+    def judged(objects):
+        return judge_image(scene, sd.render(sd.Scene(base.background, tuple(objects)), size=(96, 64)))
+
+    red, blue = scene.objects
+    assert all(judged([red, blue]).values())
+    duplicated = judged([red, blue, sd.ShapeSpec("blue", "square", "top right", "large")])
+    assert not duplicated["count"] and not duplicated["all"]
+    dropped = judged([red])
+    assert not dropped["count"] and not dropped["all"]
+    swapped = judged([sd.ShapeSpec("blue", "circle", "top left", "large"), sd.ShapeSpec("red", "square", "bottom right", "large")])
+    assert swapped["count"] and not swapped["colour"] and not swapped["all"]
+    wrong_shape = judged([red, sd.ShapeSpec("blue", "triangle", "bottom right", "large")])
+    assert wrong_shape["colour"] and not wrong_shape["shape"] and not wrong_shape["all"]
+    assert len(find_objects(sd.render(base, size=(96, 64)))[1]) == 2
+
+
 def test_tuning_and_held_out_sets_share_no_prompt():
     tuning, held = sd.tuning_prompts(), sd.held_out_prompts()
     assert len(tuning) == len(held) == 110
@@ -124,10 +194,14 @@ def test_shipped_files():
     assert sum(p.stat().st_size for p in files) <= 15 * 1024 * 1024
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
     assert defaults["height"] == defaults["width"] == 64
-    prompts = [line for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
-    assert prompts
-    for prompt in prompts:
+    from tpu_demo.web.handlers import example_rows
+
+    lines = [line for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
+    rows = example_rows(get_spec("tiny-shapes"))
+    assert rows and len(rows) == len(lines) <= 12
+    for prompt, resolution in rows:
         sd.parse_caption(prompt)  # within the grammar and vocabulary
+        assert resolution in [str(b) for b in get_spec("tiny-shapes").buckets]
 
 
 def test_shipped_model_loads_and_draws(shipped_pipeline):
@@ -148,7 +222,10 @@ def test_catalog_calls_the_model_as_it_was_evaluated():
     assert spec.guidance_argument == "true_cfg_scale" and not spec.guidance_fixed
     assert spec.default_guidance == defaults["true_cfg_scale"]
     assert spec.default_steps == defaults["num_inference_steps"]
-    assert [str(b) for b in spec.buckets] == [f"{defaults['width']}x{defaults['height']}"]
+    # the first bucket is the default size; every bucket is a canvas the weights were trained on
+    trained = json.loads((MODEL_DIR / "training.json").read_text())["args"].get("buckets", "64x64").split(",")
+    assert str(spec.buckets[0]) == f"{defaults['width']}x{defaults['height']}"
+    assert [str(b) for b in spec.buckets] == trained
     kwargs = spec.pipeline_kwargs(spec.default_guidance)  # the negative prompt field defaults to ""
     for key in ("max_sequence_length", "negative_prompt"):
         assert kwargs[key] == defaults[key]
@@ -160,7 +237,7 @@ def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipelin
 
     from conftest import engine_images
 
-    prompt = "a small green triangle at the top right on a black background"
+    prompt = "a small green triangle at the top-right on a black background"
     engine = make_engine()
 
     def engine_pixels(guidance: float) -> np.ndarray:
@@ -171,65 +248,102 @@ def test_guidance_control_is_true_cfg_in_the_engine(make_engine, shipped_pipelin
     guided, unguided = engine_pixels(3.0), engine_pixels(1.0)
     assert np.abs(guided - unguided).max() > 10
     direct = shipped_pipeline(prompt=prompt, height=64, width=64, num_inference_steps=12, true_cfg_scale=3.0,
-                              negative_prompt="", max_sequence_length=32,
+                              negative_prompt="", max_sequence_length=24,
                               generator=torch.Generator("cpu").manual_seed(3)).images[0]
     assert np.abs(guided - np.asarray(direct, dtype=np.int16)).max() <= 2
 
 
 def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
-    """The second (unconditional) transformer call per step has the same shapes: one graph."""
+    """Warm-up compiles one graph per bucket in the catalog's order, except 64x96, which FLUX packs
+    into the same 96 tokens as 96x64 (the same graph); the second (unconditional) transformer call
+    per step has the same shapes, so true CFG never recompiles."""
     from tpu_demo.core.events import BucketState
     from tpu_demo.core.modes import ExecutionMode
 
     from conftest import engine_images
 
     engine = make_engine()
-    [warm] = engine.warmup("tiny-shapes", ExecutionMode.COMPILED)
-    assert warm.state is BucketState.WARM and warm.compiles == 1
+    warm = engine.warmup("tiny-shapes", ExecutionMode.COMPILED)
+    tokens = [b.width * b.height // 64 for b in get_spec("tiny-shapes").buckets]  # 8x8 pixels per packed token
+    expected = [(f"{b}", BucketState.WARM, int(n not in tokens[:i]))
+                for i, (b, n) in enumerate(zip(get_spec("tiny-shapes").buckets, tokens))]
+    assert [(w.resolution, w.state, w.compiles) for w in warm] == expected
     after_warmup = engine.counter.count
     for guidance, prompt in ((1.0, "a large red circle in the center on a white background"),
-                             (3.0, "a small blue square at the top left on a gray background"),
-                             (6.5, "a large yellow triangle at the bottom right on a black background")):
+                             (3.0, "a small blue square at the top-left on a gray background"),
+                             (6.5, "a large yellow triangle at the bottom-right on a black background")):
         results = engine_images(engine, model="tiny-shapes", mode="compiled", prompt=prompt, num_inference_steps=4,
                                 guidance_scale=guidance)
         assert results and all(r.warm and r.timings["compiles"] == 0 for r in results)
     assert engine.counter.count == after_warmup
 
 
+#: The CI slice of the held-out evaluation: every 14th single-shape prompt (8 of 110) and every 12th
+#: two-shape prompt (9 of 100), on every bucket, with the shipped inference defaults.
+SLICE = {"single": slice(None, None, 14), "two": slice(None, None, 12)}
+#: What the slice must reach, a guard against regressions set from the shipped weights' figures
+#: (docs/tiny-shapes.md; the slice measured 8/8, 4/8, 6/8 and 3/8 single shapes all right at
+#: 64x64 / 128x128 / 96x64 / 64x96, two shapes 2/9, 1/9, 6/9, 2/9), at least one image of margin below them. Colour,
+#: position, size and the two-shape count are what the weights get right everywhere; shape is what
+#: they still miss. Issue #19's targets (single all >= 95%, two shapes both objects all right >= 80%,
+#: at every bucket) are NOT met by the shipped weights, so they are not asserted here.
+SLICE_FLOOR = {
+    "single": {"background": 0.95, "colour": 0.9, "position": 0.9, "size": 0.9, "all": 0.25},
+    "two": {"background": 0.95, "count": 0.75, "colour": 0.9, "position": 0.9},
+}
+#: The single-shape targets of the TPU-path issue (tiny_shapes.judge.TARGETS) hold on the bucket the
+#: weights were first shipped for.
+TARGET_BUCKET = (64, 64)
+
+
+def _slice(kind: str) -> list:
+    prompts = sd.held_out_prompts() if kind == "single" else sd.held_out_two_shape_prompts()
+    return prompts[SLICE[kind]]
+
+
+#: the buckets the app offers for the model, as (width, height)
+BUCKETS = [(b.width, b.height) for b in get_spec("tiny-shapes").buckets]
+
+
 @pytest.fixture(scope="module")
-def held_out_subset_result(shipped_pipeline):
+def held_out_slices(shipped_pipeline):
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
-    held = sd.held_out_prompts()
-    subset = held[:: len(held) // 12][:12]
-    return subset, evaluate_pipeline(shipped_pipeline, subset, seed=0, batch_size=12, **defaults)
+    return {(size, kind): evaluate_pipeline(shipped_pipeline, _slice(kind), seed=0, batch_size=9, size=size, **defaults)
+            for size in BUCKETS for kind in SLICE}
 
 
-def test_held_out_subset_meets_the_targets(held_out_subset_result):
-    """12 of the 110 held-out prompts (every 9th), with the shipped inference defaults."""
-    subset, result = held_out_subset_result
-    accuracy = result["accuracy"]
-    assert set(accuracy) == set(METRICS) and result["n"] == 12
-    for metric, target in TARGETS.items():
-        assert accuracy[metric] >= target, (metric, accuracy)
+@pytest.mark.parametrize("size", BUCKETS, ids=[f"{w}x{h}" for w, h in BUCKETS])
+def test_held_out_slice_per_bucket_holds_its_figures(held_out_slices, size):
+    single, two = (held_out_slices[size, kind]["accuracy"] for kind in ("single", "two"))
+    assert set(single) == set(METRICS) and set(two) == set(TWO_SHAPE_METRICS)
+    if size == TARGET_BUCKET:
+        for metric, target in TARGETS.items():
+            assert single[metric] >= target, (size, metric, single)
+    for kind, accuracy in (("single", single), ("two", two)):
+        for metric, floor in SLICE_FLOOR[kind].items():
+            assert accuracy[metric] >= floor, (size, kind, metric, accuracy)
 
 
-def test_random_weights_are_at_chance_on_the_same_subset(held_out_subset_result):
+def test_random_weights_are_at_chance_on_the_same_slice():
     """The same evaluation fails an untrained pipeline of the same architecture: it measures the training."""
     from tiny_shapes.model import build_shapes_pipeline
 
-    subset, _ = held_out_subset_result
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
-    accuracy = evaluate_pipeline(build_shapes_pipeline(seed=1), subset, seed=0, batch_size=12, **defaults)["accuracy"]
-    assert accuracy["colour"] < 0.5 and accuracy["shape"] < TARGETS["shape"], accuracy
+    pipe = build_shapes_pipeline(seed=1)
+    single = evaluate_pipeline(pipe, _slice("single"), seed=0, batch_size=9, **defaults)["accuracy"]
+    two = evaluate_pipeline(pipe, _slice("two"), seed=0, batch_size=9, **defaults)["accuracy"]
+    assert single["colour"] < 0.5 and single["shape"] < TARGETS["shape"] and single["all"] < 0.2, single
+    assert two["all"] < 0.2, two
 
 
-def _train(tmp_path: Path, name: str, seed: int) -> Path:
+def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
     import subprocess
     import sys
 
     out = tmp_path / name
-    args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "96", "--vae-steps", "6",
-            "--vae-full-steps", "2", "--vae-batch-size", "8", "--steps", "6", "--batch-size", "8", "--log-every", "1"]
+    args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "24", "--vae-steps", "6",
+            "--vae-full-steps", "4", "--vae-batch-size", "8", "--steps", "6", "--batch-sizes", "8,2,4,4",
+            "--log-every", "1", *extra]
     run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
@@ -249,4 +363,37 @@ def test_training_script_is_reproducible_from_its_seed(tmp_path):
     log = [json.loads(line) for line in (first / "train_log.jsonl").read_text().splitlines()]
     assert {"vae", "latents", "transformer", "done"} <= {r["stage"] for r in log}
     assert all(np.isfinite(r["loss"]) for r in log if r["stage"] == "transformer")
+    [latents] = [r for r in log if r["stage"] == "latents"]
+    assert latents["buckets"] == ["64x64", "128x128", "96x64", "64x96"] and latents["tokens"] == [64, 256, 96, 96]
     assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
+
+
+def test_training_from_the_shipped_weights_is_reproducible(tmp_path):
+    """--init-from (how the shipped multi-bucket weights were made): the VAE and its latent
+    normalisation are kept, the transformer moves, and one seed gives the same weights twice."""
+    from safetensors.numpy import load_file
+
+    # The shipped weights' T5 tokenizer predates one-word positions, so no binding loss.
+    runs = [_train(tmp_path, name, 5, "--init-from", str(MODEL_DIR), "--binding-weight", "0") for name in ("a", "b")]
+    for component in ("transformer/diffusion_pytorch_model", "vae/diffusion_pytorch_model"):
+        a, b, shipped = (load_file(path / f"{component}.safetensors") for path in (*runs, MODEL_DIR))
+        assert all(np.array_equal(a[k], b[k]) for k in a), component
+        moved = any(not np.array_equal(a[k], shipped[k]) for k in a)
+        assert moved == component.startswith("transformer"), component
+    vae = [json.loads((path / "vae" / "config.json").read_text()) for path in (runs[0], MODEL_DIR)]
+    assert [v["shift_factor"] for v in vae] == [vae[1]["shift_factor"]] * 2
+
+
+def test_example_rows_may_name_their_bucket(tmp_path):
+    """A prompts-file line ending in `| WIDTHxHEIGHT` (one of the model's buckets) is drawn there;
+    any other line, or an unknown size, keeps the first bucket and the whole line as the prompt."""
+    from dataclasses import replace
+
+    from tpu_demo.web.handlers import example_prompts, example_rows
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("a red circle\na blue square | 96x64\na | b | 64x96\nodd | 100x100\n\n", encoding="utf-8")
+    spec = replace(get_spec("tiny-flux"), example_prompts_file=str(path))  # buckets 64x64, 128x128, 96x64, 64x96
+    assert example_rows(spec) == [("a red circle", "64x64"), ("a blue square", "96x64"), ("a | b", "64x96"),
+                                  ("odd | 100x100", "64x64")]
+    assert example_prompts(spec) == ["a red circle", "a blue square", "a | b", "odd | 100x100"]

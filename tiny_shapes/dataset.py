@@ -1,11 +1,24 @@
 """Synthetic captioned scenes of simple shapes, for the tiny text-to-image model in ``assets/``.
 
-A scene is a 64x64 RGB image of one or two shapes (circle, square, triangle) in a named colour,
+A scene is an RGB image of one or two shapes (circle, square, triangle) in a named colour,
 size and position on a plain named background, with a caption built from a small grammar::
 
-    a small red circle at the top left on a white background
+    a small red circle at the top-left on a white background
     a large blue square in the center on a gray background
-    a small green triangle at the top right and a small yellow circle at the bottom left on a black background
+    a small green triangle at the top-right and a small yellow circle at the bottom-left on a black background
+
+A position is one word ("top-left", one T5 piece): the image tokens learn where they are only
+through attention to the text tokens (FLUX gives text tokens position id 0), and that attention's
+logit is a sum of a row part and a column part, so separate "top" and "left" words can only vote
+along one axis each; with two objects on a diagonal the model drew a 2x2 grid coloured by column.
+
+The same caption can be drawn on any canvas (:data:`CANVASES`: 64x64, 128x128, 96x64, 64x96;
+"WIDTHxHEIGHT"). Positions are fractions of the canvas (the quadrant centres at a quarter and
+three quarters of each side, or its centre), and sizes are pixels (small 14 px, large 26 px) on
+every canvas: on 96x64 "top-left" is the centre of the left half's top quarter, (24, 16); on
+128x128 it is (32, 32), and the shapes are as big as on 64x64, with more room around them. So a
+shape is the same picture, and the same latent, on every bucket, and what the model learns about
+drawing it on one canvas serves them all.
 
 Everything is generated from a seed (no files). A fixed rule holds out some (colour, shape,
 position) combinations: no training scene ever contains them, and :func:`held_out_prompts`
@@ -21,6 +34,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 IMAGE_SIZE = 64
+#: Canvases (width, height) the model is trained and evaluated on; the first is the default.
+CANVASES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (96, 64), (64, 96))
 
 #: Named colours and their RGB values. Objects use OBJECT_COLOURS, backgrounds BACKGROUNDS.
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -38,23 +53,24 @@ OBJECT_COLOURS = ("red", "green", "blue", "yellow", "orange", "purple", "white",
 BACKGROUNDS = ("white", "black", "gray")
 SHAPES = ("circle", "square", "triangle")
 SIZES = ("small", "large")
-#: Position name -> (caption phrase, centre x, centre y).
+#: Position name -> (caption phrase, centre x, centre y) on the 64x64 canvas; on any canvas the
+#: centre is the same fraction of its width and height (:func:`layout`).
 POSITIONS: dict[str, tuple[str, int, int]] = {
-    "top left": ("at the top left", 16, 16),
-    "top right": ("at the top right", 48, 16),
-    "bottom left": ("at the bottom left", 16, 48),
-    "bottom right": ("at the bottom right", 48, 48),
+    "top left": ("at the top-left", 16, 16),
+    "top right": ("at the top-right", 48, 16),
+    "bottom left": ("at the bottom-left", 16, 48),
+    "bottom right": ("at the bottom-right", 48, 48),
     "center": ("in the center", 32, 32),
 }
 POSITION_NAMES = tuple(POSITIONS)
-#: Bounding-box side in pixels, per size word.
+#: Bounding-box side in pixels on a 64 px shorter side, per size word.
 SIDE = {"small": 14, "large": 26}
 JITTER = 2
 
 #: Every word of the grammar (whole-word pieces for the T5 tokenizer).
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
     "a and on background at the in".split() + list(SIZES) + list(OBJECT_COLOURS) + list(BACKGROUNDS)
-    + list(SHAPES) + "top bottom left right center".split()
+    + list(SHAPES) + "top-left top-right bottom-left bottom-right center".split()
 ))
 
 
@@ -77,6 +93,30 @@ class Scene:
     @property
     def caption(self) -> str:
         return " and ".join(obj.phrase() for obj in self.objects) + f" on a {self.background} background"
+
+
+#: The attributes :func:`word_attributes` labels, and how many values each has.
+ATTRIBUTES: dict[str, tuple[str, ...]] = {"colour": OBJECT_COLOURS, "shape": SHAPES, "size": SIZES,
+                                          "position": POSITION_NAMES}
+
+
+def word_attributes(scene: Scene) -> list[tuple[int, ...] | None]:
+    """Per word of ``scene.caption``: the indices (into :data:`ATTRIBUTES`) of the colour, shape, size
+    and position of the object whose phrase the word is in, or None ("and", "on a ... background").
+
+    Training labels for binding: a text encoder that can read every attribute of an object off any
+    word of its phrase has bound them, which is what a two-shape prompt needs.
+    """
+    labels: list[tuple[int, ...] | None] = []
+    for i, obj in enumerate(scene.objects):
+        if i:
+            labels.append(None)  # "and"
+        values = (obj.colour, obj.shape, obj.size, obj.position)
+        ids = tuple(table.index(v) for table, v in zip(ATTRIBUTES.values(), values))
+        labels += [ids] * len(obj.phrase().split())
+    labels += [None] * len(f"on a {scene.background} background".split())
+    assert len(labels) == len(scene.caption.split())
+    return labels
 
 
 def is_held_out(colour: str, shape: str, position: str) -> bool:
@@ -134,16 +174,28 @@ def parse_caption(caption: str) -> Scene:
     return scene
 
 
-def render(scene: Scene, rng: random.Random | None = None) -> Image.Image:
-    """Draw ``scene`` (with a small random jitter of each object's centre when ``rng`` is given)."""
-    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), PALETTE[scene.background])
+def layout(position: str, object_size: str, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> tuple[int, int, int]:
+    """``(centre x, centre y, side)`` in pixels of an object on a ``(width, height)`` canvas.
+
+    The centre is at the same fraction of the canvas as on 64x64 (quadrant centres at 1/4 and 3/4
+    of each side, or the middle); the side is the same number of pixels on every canvas.
+    """
+    width, height = size
+    _, x, y = POSITIONS[position]
+    return round(x * width / IMAGE_SIZE), round(y * height / IMAGE_SIZE), SIDE[object_size]
+
+
+def render(scene: Scene, rng: random.Random | None = None, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> Image.Image:
+    """Draw ``scene`` on a ``(width, height)`` canvas (with a small random jitter of each object's
+    centre when ``rng`` is given)."""
+    image = Image.new("RGB", tuple(size), PALETTE[scene.background])
     draw = ImageDraw.Draw(image)
+    jitter = JITTER
     for obj in scene.objects:
-        _, cx, cy = POSITIONS[obj.position]
+        cx, cy, side = layout(obj.position, obj.size, size)
         if rng is not None:
-            cx += rng.randint(-JITTER, JITTER)
-            cy += rng.randint(-JITTER, JITTER)
-        side = SIDE[obj.size]
+            cx += rng.randint(-jitter, jitter)
+            cy += rng.randint(-jitter, jitter)
         x0, y0 = cx - side // 2, cy - side // 2
         x1, y1 = x0 + side - 1, y0 + side - 1
         fill = PALETTE[obj.colour]
@@ -180,11 +232,55 @@ def sample_scene(rng: random.Random, two_shape_prob: float = 0.25) -> Scene:
     return Scene(background, objects)
 
 
-def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25) -> list[tuple[np.ndarray, str, Scene]]:
-    """``n`` training examples ``(uint8 HxWx3 image, caption, scene)``, deterministic from ``seed``."""
+def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25,
+             size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> list[tuple[np.ndarray, str, Scene]]:
+    """``n`` training examples ``(uint8 HxWx3 image, caption, scene)`` on a ``(width, height)``
+    canvas, deterministic from ``seed``."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         scene = sample_scene(rng, two_shape_prob)
-        out.append((np.asarray(render(scene, rng)), scene.caption, scene))
+        out.append((np.asarray(render(scene, rng, size)), scene.caption, scene))
     return out
+
+
+def _two_shape_scenes(triples) -> list[Scene]:
+    """Every two-shape scene of two of ``triples`` (colour, shape, position): different positions and
+    colours, first object the earlier position in POSITION_NAMES; sizes as the training scenes allow
+    (both small when one is in the centre), the first background differing from both colours."""
+    scenes = []
+    for i, first in enumerate(triples):
+        for second in triples[i + 1:]:
+            if first[2] == second[2] or first[0] == second[0]:
+                continue
+            if POSITION_NAMES.index(first[2]) > POSITION_NAMES.index(second[2]):
+                (c1, s1, p1), (c2, s2, p2) = second, first
+            else:
+                (c1, s1, p1), (c2, s2, p2) = first, second
+            sizes = [("small", "small")] if "center" in (p1, p2) else [(a, b) for a in SIZES for b in SIZES]
+            background = next(b for b in BACKGROUNDS if b not in (c1, c2))
+            for a, b in sizes:
+                scenes.append(Scene(background, (ShapeSpec(c1, s1, p1, a), ShapeSpec(c2, s2, p2, b))))
+    return scenes
+
+
+def _spread(scenes: list[Scene], count: int) -> list[Scene]:
+    """``count`` scenes spread evenly over ``scenes`` (a fixed, deterministic choice)."""
+    if len(scenes) <= count:
+        return scenes
+    return [scenes[int(i * len(scenes) / count)] for i in range(count)]
+
+
+def held_out_two_shape_prompts(count: int = 100) -> list[Scene]:
+    """Two-shape scenes whose **both** objects are held-out triples (so no training scene contains
+    either object), of two different colours: ``count`` of them, spread over all such scenes."""
+    triples = [(c, s, p) for c in OBJECT_COLOURS for s in SHAPES for p in POSITION_NAMES if is_held_out(c, s, p)]
+    return _spread(_two_shape_scenes(triples), count)
+
+
+def tuning_two_shape_prompts(count: int = 100) -> list[Scene]:
+    """Two-shape scenes of trained triples only (the two-shape judge's and the guidance's tuning set)."""
+    triples = [(c, s, p) for c in OBJECT_COLOURS for s in SHAPES for p in POSITION_NAMES if not is_held_out(c, s, p)]
+    rng = random.Random(1234)
+    rng.shuffle(triples)
+    return _spread(_two_shape_scenes(triples[:40]), count)

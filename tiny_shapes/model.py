@@ -14,7 +14,10 @@ from tiny_shapes.dataset import VOCABULARY
 from tpu_demo.models.tiny_models import clip_config, build_clip_tokenizer, build_t5_tokenizer
 
 #: Pipeline call arguments the model was trained for (also written to demo_defaults.json).
-MAX_SEQUENCE_LENGTH = 32
+MAX_SEQUENCE_LENGTH = 24
+#: Characters the CLIP tokenizer keeps: the longest two-shape caption of the grammar is 112, so its
+#: pooled vector sees the whole caption (at CLIP's usual 77 it saw only the first object).
+CLIP_MAX_LENGTH = 128
 
 
 def build_vae(block_out_channels=(16, 32, 64), latent_channels: int = 4):
@@ -46,10 +49,16 @@ def build_transformer(latent_channels: int = 4, heads: int = 4, head_dim: int = 
 def build_text_encoders(text_dim: int = 64):
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
-    clip = CLIPTextModel(clip_config(projection=False))
+    config = clip_config(projection=False)
+    config.max_position_embeddings = CLIP_MAX_LENGTH
+    clip = CLIPTextModel(config)
+    # 32 relative-position buckets (T5's default) tell apart every distance up to 7 words in each
+    # direction, the length of one object's phrase; with 8, distances 2-15 shared one bucket and
+    # "top left" could not be told which colour and shape words were its own (two-shape binding).
     t5 = T5EncoderModel(T5Config(
-        vocab_size=256, d_model=text_dim, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=256, d_model=text_dim, d_kv=16, d_ff=256, num_layers=3, num_heads=4,
+        relative_attention_num_buckets=32, relative_attention_max_distance=64,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
     ))
     return clip, t5
 
@@ -64,7 +73,7 @@ def build_shapes_pipeline(seed: int = 0, vae_blocks=(16, 32, 64), latent_channel
     transformer = build_transformer(latent_channels, **transformer_kwargs)
     pipe = FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False),
-        vae=vae, text_encoder=clip, tokenizer=build_clip_tokenizer(),
+        vae=vae, text_encoder=clip, tokenizer=build_clip_tokenizer(max_length=CLIP_MAX_LENGTH),
         text_encoder_2=t5, tokenizer_2=build_t5_tokenizer(words=VOCABULARY, max_length=MAX_SEQUENCE_LENGTH),
         transformer=transformer,
     )

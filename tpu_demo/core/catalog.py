@@ -148,9 +148,9 @@ _ENTRIES = (
     ModelSpec(
         id="tiny-shapes", title="Tiny Shapes (trained here on CPU, draws its prompt)", pipeline_class="FluxPipeline",
         source="assets:models/tiny-shapes", default_steps=12, max_steps=50, default_guidance=3.0,
-        guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_buckets("64x64"), size_multiple=8,
+        guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_TINY_BUCKETS, size_multiple=8,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
-        negative_prompt=True, call_kwargs={"max_sequence_length": 32}, example_prompts_file="tiny_shapes_prompts.txt",
+        negative_prompt=True, call_kwargs={"max_sequence_length": 24}, example_prompts_file="tiny_shapes_prompts.txt",
     ),
     ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",

@@ -44,11 +44,25 @@ class UiSettings:
     generate_concurrency: int = 1
 
 
-def example_prompts(spec: ModelSpec) -> list[str]:
+def example_rows(spec: ModelSpec) -> list[tuple[str, str]]:
+    """(prompt, resolution) of each example of the model's prompts file (at most 12). A line may end
+    with ``| WIDTHxHEIGHT`` naming one of the model's buckets; otherwise the example keeps the first."""
     path = ASSETS_DIR / spec.example_prompts_file
     if not path.is_file():
         return []
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:12]
+    buckets = {str(bucket) for bucket in spec.buckets}
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text, _, resolution = line.strip().rpartition(" | ")
+        if not (text and resolution.strip() in buckets):
+            text, resolution = line.strip(), str(spec.buckets[0])
+        if text:
+            rows.append((text, resolution.strip()))
+    return rows[:12]
+
+
+def example_prompts(spec: ModelSpec) -> list[str]:
+    return [text for text, _ in example_rows(spec)]
 
 
 def read_png_settings(path: str | Path | None) -> dict | None:

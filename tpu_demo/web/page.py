@@ -11,7 +11,7 @@ from tpu_demo.core.request import MAX_SEED
 from tpu_demo.web import chart
 from tpu_demo.web.about import about_markdown
 from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
-from tpu_demo.web.handlers import PageHandlers, example_prompts
+from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.outputs import NO_PREVIEW
 
@@ -89,9 +89,12 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                 # from its chunk headers only (bounded size, never decoded: pngmeta.read_settings_file)
                 dropped = gr.File(label="Drop a PNG made here to restore its settings", type="filepath",
                                   file_types=[".png"], file_count="single", height=140, elem_id="restore-png")
-                examples = example_prompts(spec)
-                if examples:
-                    gr.Examples(examples=[[text] for text in examples], inputs=[prompt], label="Try",
+                examples = example_rows(spec)
+                if examples and all(size == str(spec.buckets[0]) for _, size in examples):
+                    gr.Examples(examples=[[text] for text, _ in examples], inputs=[prompt], label="Try",
+                                elem_id="examples")
+                elif examples:  # some examples are drawn at another bucket: they set the resolution too
+                    gr.Examples(examples=[list(row) for row in examples], inputs=[prompt, resolution], label="Try",
                                 elem_id="examples")
         with gr.Accordion("Buckets (static shapes) and warmup", open=True, elem_id="buckets"):
             status = gr.Markdown(handlers.bucket_table(spec.id, settings.start_mode.value), elem_id="bucket-status")
