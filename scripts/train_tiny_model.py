@@ -101,6 +101,9 @@ def parse_args(argv=None):
     p.add_argument("--binding-weight", type=float, default=0.2,
                    help="weight of the auxiliary binding loss: linear heads (discarded after training) read each "
                         "object's colour, shape, size and position off every T5 state of its phrase")
+    p.add_argument("--timestep-sampling", choices=("uniform", "logit-normal"), default="uniform",
+                   help="sigma of each transformer sample: uniform over the scheduler's sigmas, or SD3's "
+                        "logit-normal (sigmoid of a standard normal: most samples at mid noise)")
     p.add_argument("--freeze-text-encoders", action="store_true",
                    help="train only the transformer (the text encoders stay at their seeded random weights)")
     p.add_argument("--log-every", type=int, default=10)
@@ -296,6 +299,15 @@ def save_pipeline(pipe, path: Path) -> None:
     (path / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
 
 
+def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
+    """Noise levels of one batch: ``uniform`` over the scheduler's training sigmas ``table``, or SD3's
+    ``logit-normal`` (sigmoid of a standard normal: most samples at mid noise, few near 0 or 1;
+    docs/tiny-shapes.md, "Learning rate and noise levels", measures what it buys)."""
+    if kind == "logit-normal":
+        return torch.sigmoid(torch.randn(batch, generator=gen))
+    return table[torch.randint(0, len(table), (batch,), generator=gen)]
+
+
 def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labels, args, log,
                       gen: torch.Generator) -> Trainable:
     """``buckets``: per canvas, ``packed`` latents, ``token_weights``, caption ``rows``, ``img_ids``,
@@ -324,7 +336,7 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labe
         idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
         x0 = bucket["packed"][idx]
         r = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
-        sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
+        sigma = sample_sigmas(args.timestep_sampling, sigmas_table, batch, gen)
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1)
         xt = (1 - s) * x0 + s * noise

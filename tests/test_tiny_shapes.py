@@ -368,12 +368,38 @@ def test_training_script_is_reproducible_from_its_seed(tmp_path):
     assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
 
 
-def test_training_from_the_shipped_weights_is_reproducible(tmp_path):
-    """--init-from (how the shipped multi-bucket weights were made): the VAE and its latent
-    normalisation are kept, the transformer moves, and one seed gives the same weights twice."""
+def test_timestep_sampling_draws_the_noise_levels_it_names():
+    """--timestep-sampling: uniform draws the scheduler's own training sigmas (shift applied),
+    logit-normal draws sigmoid(N(0, 1)): a third of the samples beyond sigmoid(+-1), not 46%."""
+    import importlib.util
+
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    path = MODEL_DIR.parents[2] / "scripts" / "train_tiny_model.py"
+    spec = importlib.util.spec_from_file_location("train_tiny_model", path)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(MODEL_DIR, subfolder="scheduler")
+    table = scheduler.sigmas[: scheduler.config.num_train_timesteps]
+    draw = {kind: train.sample_sigmas(kind, table, 20000, torch.Generator().manual_seed(0))
+            for kind in ("uniform", "logit-normal")}
+    assert torch.isin(draw["uniform"], table).all()
+    tails = {kind: ((s < torch.sigmoid(torch.tensor(-1.0))) | (s > torch.sigmoid(torch.tensor(1.0)))).float().mean()
+             for kind, s in draw.items()}
+    assert abs(tails["logit-normal"] - 0.317) < 0.02 and abs(tails["uniform"] - 0.54) < 0.03, tails
+    assert 0 < draw["logit-normal"].min() and draw["logit-normal"].max() < 1
+    again = train.sample_sigmas("logit-normal", table, 20000, torch.Generator().manual_seed(0))
+    assert torch.equal(again, draw["logit-normal"])
+
+
+def test_training_from_saved_weights_is_reproducible(tmp_path):
+    """--init-from (fine-tuning a saved pipeline; how the first multi-bucket run was made): the VAE
+    and its latent normalisation are kept, the transformer moves, and one seed gives the same
+    weights twice."""
     from safetensors.numpy import load_file
 
-    # The shipped weights' T5 tokenizer predates one-word positions, so no binding loss.
+    # No binding loss: the smallest run that moves the transformer.
     runs = [_train(tmp_path, name, 5, "--init-from", str(MODEL_DIR), "--binding-weight", "0") for name in ("a", "b")]
     for component in ("transformer/diffusion_pytorch_model", "vae/diffusion_pytorch_model"):
         a, b, shipped = (load_file(path / f"{component}.safetensors") for path in (*runs, MODEL_DIR))
