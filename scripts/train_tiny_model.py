@@ -63,6 +63,9 @@ def parse_args(argv=None):
                    help="scenes rendered per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--bucket-weights", type=str, default="0.4,0.2,0.2,0.2",
                    help="share of the transformer steps spent on each bucket (one batch = one bucket)")
+    p.add_argument("--bucket-mixing", choices=("draw", "sum"), default="draw",
+                   help="draw: each transformer step trains one bucket, drawn with --bucket-weights; sum: each step "
+                        "takes one batch of every bucket and sums their losses weighted by --bucket-weights")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-buckets", type=str, default="64x64",
@@ -308,10 +311,37 @@ def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generat
     return table[torch.randint(0, len(table), (batch,), generator=gen)]
 
 
+def bucket_batch(bucket: dict, args, sigmas_table: torch.Tensor, gen: torch.Generator) -> dict:
+    """One training batch of ``bucket``: clean latents ``x0``, caption ``rows`` (0, the empty caption,
+    at ``--caption-dropout``), noise levels, noise and the per-token loss weights."""
+    batch = bucket["batch"]
+    idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
+    rows = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
+    sigma = sample_sigmas(args.timestep_sampling, sigmas_table, batch, gen)
+    x0 = bucket["packed"][idx]
+    noise = torch.randn(x0.shape, generator=gen)
+    return dict(x0=x0, rows=rows, sigma=sigma, noise=noise, token_weights=bucket["token_weights"][idx],
+                img_ids=bucket["img_ids"])
+
+
+def flow_matching_loss(transformer, mb: dict, embeds: torch.Tensor, pooled: torch.Tensor,
+                       txt_ids: torch.Tensor) -> torch.Tensor:
+    """Rectified-flow loss of one batch: x_t = (1 - s) x0 + s noise, target noise - x0, averaged
+    over tokens weighted towards the ones that show an object."""
+    s = mb["sigma"].view(-1, 1, 1)
+    xt = (1 - s) * mb["x0"] + s * mb["noise"]
+    pred = transformer(hidden_states=xt, timestep=mb["sigma"], pooled_projections=pooled,
+                       encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=mb["img_ids"], return_dict=False)[0]
+    weights = mb["token_weights"]
+    return ((pred - (mb["noise"] - mb["x0"])) ** 2).mean(-1).mul(weights).sum() / weights.sum()
+
+
 def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labels, args, log,
                       gen: torch.Generator) -> Trainable:
     """``buckets``: per canvas, ``packed`` latents, ``token_weights``, caption ``rows``, ``img_ids``,
-    ``batch`` size and ``weight`` (share of the steps). Each step draws one bucket, then a batch of it."""
+    ``batch`` size and ``weight`` (share of the steps). ``--bucket-mixing draw``: each step draws one
+    bucket, then a batch of it; ``sum``: each step a batch of every bucket, one summed loss, so every
+    update pulls the shared weights towards all canvases at once."""
     model = Trainable(pipe.transformer, Conditioning(pipe.text_encoder, pipe.text_encoder_2))
     model.train()
     model.conditioning.eval()  # no dropout in T5: the conditioning is deterministic, as at inference
@@ -331,23 +361,20 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labe
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        bucket = buckets[int(torch.multinomial(bucket_p, 1, generator=gen))]
-        batch = bucket["batch"]
-        idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
-        x0 = bucket["packed"][idx]
-        r = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
-        sigma = sample_sigmas(args.timestep_sampling, sigmas_table, batch, gen)
-        noise = torch.randn(x0.shape, generator=gen)
-        s = sigma.view(-1, 1, 1)
-        xt = (1 - s) * x0 + s * noise
+        if args.bucket_mixing == "sum":
+            chosen, shares = buckets, (bucket_p / bucket_p.sum()).tolist()
+        else:
+            chosen, shares = [buckets[int(torch.multinomial(bucket_p, 1, generator=gen))]], [1.0]
+        batches = [bucket_batch(bucket, args, sigmas_table, gen) for bucket in chosen]
+        rows = torch.cat([mb["rows"] for mb in batches])
         with torch.set_grad_enabled(not args.freeze_text_encoders):
-            embeds, pooled = model.conditioning(clip_ids[r], t5_ids[r])
-        pred = model.transformer(hidden_states=xt, timestep=sigma, pooled_projections=pooled,
-                                 encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=bucket["img_ids"],
-                                 return_dict=False)[0]
-        weights = bucket["token_weights"][idx]
-        loss = ((pred - (noise - x0)) ** 2).mean(-1).mul(weights).sum() / weights.sum()
-        binding = probe(embeds, labels[r]) if probe is not None and (r > 0).any() else None
+            embeds, pooled = model.conditioning(clip_ids[rows], t5_ids[rows])  # every bucket's captions at once
+        loss, start = 0.0, 0
+        for share, mb in zip(shares, batches):
+            part = slice(start, start + len(mb["rows"]))
+            start = part.stop
+            loss = loss + share * flow_matching_loss(model.transformer, mb, embeds[part], pooled[part], txt_ids)
+        binding = probe(embeds, labels[rows]) if probe is not None and (rows > 0).any() else None
         if binding is not None:
             loss = loss + args.binding_weight * binding
         opt.zero_grad(set_to_none=True)
@@ -361,7 +388,8 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labe
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % args.log_every == 0 or step == args.steps - 1:
             log(stage="transformer", step=step, loss=loss.item(), loss_smooth=running, lr=opt.param_groups[0]["lr"],
-                bucket=bucket["name"], **({} if binding is None else {"binding": binding.item()}))
+                bucket="+".join(b["name"] for b in chosen),
+                **({} if binding is None else {"binding": binding.item()}))
             bar.set_postfix(loss=f"{running:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             ckpt = args.output.with_name(args.output.name + ".ckpt")

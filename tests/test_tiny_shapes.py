@@ -368,6 +368,25 @@ def test_training_script_is_reproducible_from_its_seed(tmp_path):
     assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
 
 
+def test_bucket_mixing_sum_trains_every_bucket_each_step(tmp_path):
+    """--bucket-mixing sum: each step takes a batch of every bucket (the log names all four) and is
+    as reproducible from its seed as the default, which draws one bucket per step; the two give
+    different weights."""
+    from safetensors.numpy import load_file
+
+    summed = [_train(tmp_path, name, 5, "--bucket-mixing", "sum") for name in ("a", "b")]
+    drawn = _train(tmp_path, "draw", 5)
+    component = "transformer/diffusion_pytorch_model.safetensors"
+    a, b, d = (load_file(run / component) for run in (*summed, drawn))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert any(not np.array_equal(a[k], d[k]) for k in a)
+    steps = {run: [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+             for run in (summed[0], drawn)}
+    steps = {run: [r["bucket"] for r in log if r["stage"] == "transformer"] for run, log in steps.items()}
+    assert steps[summed[0]] == ["64x64+128x128+96x64+64x96"] * 6
+    assert all(name in {"64x64", "128x128", "96x64", "64x96"} for name in steps[drawn]), steps[drawn]
+
+
 def test_timestep_sampling_draws_the_noise_levels_it_names():
     """--timestep-sampling: uniform draws the scheduler's own training sigmas (shift applied),
     logit-normal draws sigmoid(N(0, 1)): a third of the samples beyond sigmoid(+-1), where uniform
