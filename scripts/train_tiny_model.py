@@ -3,9 +3,9 @@
 
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 python scripts/train_tiny_model.py --output assets/models/tiny-shapes --seed 0
 
-The defaults are the four-bucket recipe of issue #19 (docs/tiny-shapes.md, "Third attempt" and
-"Fourth attempt"; the shipped weights are stage 1's, whose command is in
-assets/models/tiny-shapes/training_stage1.json).
+The defaults are the four-bucket recipe of issue #19 that made the shipped weights
+(docs/tiny-shapes.md, "Fourth attempt" for the VAE stage, "Sixth attempt" for one summed loss
+over the four buckets per transformer step).
 Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
 1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
@@ -61,11 +61,12 @@ def parse_args(argv=None):
                    help="canvases WIDTHxHEIGHT to train on (the catalog's buckets; the first is the default)")
     p.add_argument("--num-images", type=str, default="12000,4000,6000,6000",
                    help="scenes rendered per bucket (one number for every bucket, or one per bucket)")
-    p.add_argument("--bucket-weights", type=str, default="0.4,0.2,0.2,0.2",
-                   help="share of the transformer steps spent on each bucket (one batch = one bucket)")
-    p.add_argument("--bucket-mixing", choices=("draw", "sum"), default="draw",
-                   help="draw: each transformer step trains one bucket, drawn with --bucket-weights; sum: each step "
-                        "takes one batch of every bucket and sums their losses weighted by --bucket-weights")
+    p.add_argument("--bucket-weights", type=str, default="0.25,0.25,0.25,0.25",
+                   help="each bucket's share of the summed loss (--bucket-mixing sum) or of the steps (draw)")
+    p.add_argument("--bucket-mixing", choices=("draw", "sum"), default="sum",
+                   help="sum: each transformer step takes one batch of every bucket and sums their losses weighted by "
+                        "--bucket-weights (one direction for the shared weights per step); draw: each step trains "
+                        "one bucket, drawn with --bucket-weights (the recipe up to the fifth attempt)")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-buckets", type=str, default="64x64",
@@ -93,7 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--bf16", action="store_true",
                    help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
     p.add_argument("--steps", type=int, default=5000, help="transformer steps")
-    p.add_argument("--batch-sizes", type=str, default="48,16,32,32",
+    p.add_argument("--batch-sizes", type=str, default="12,6,8,8",
                    help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema", type=float, default=0.998)

@@ -282,14 +282,15 @@ def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
 #: two-shape prompt (9 of 100), on every bucket, with the shipped inference defaults.
 SLICE = {"single": slice(None, None, 14), "two": slice(None, None, 12)}
 #: What the slice must reach, a guard against regressions set from the shipped weights' figures
-#: (docs/tiny-shapes.md; the slice measured 8/8, 4/8, 6/8 and 3/8 single shapes all right at
-#: 64x64 / 128x128 / 96x64 / 64x96, two shapes 2/9, 1/9, 6/9, 2/9), at least one image of margin below them. Colour,
-#: position, size and the two-shape count are what the weights get right everywhere; shape is what
+#: (docs/tiny-shapes.md, "Sixth attempt"; the slice measured 7/8, 5/8, 7/8 and 6/8 single shapes all
+#: right at 64x64 / 128x128 / 96x64 / 64x96, two shapes 4/9, 2/9, 6/9, 2/9, and 8 or 9 of 9 two-shape
+#: scenes with the right count, colours and places), at least one image of margin below them.
+#: Background, colour, position and size are what the weights get right everywhere; shape is what
 #: they still miss. Issue #19's targets (single all >= 95%, two shapes both objects all right >= 80%,
 #: at every bucket) are NOT met by the shipped weights, so they are not asserted here.
 SLICE_FLOOR = {
-    "single": {"background": 0.95, "colour": 0.9, "position": 0.9, "size": 0.9, "all": 0.25},
-    "two": {"background": 0.95, "count": 0.75, "colour": 0.9, "position": 0.9},
+    "single": {"background": 0.95, "colour": 0.85, "position": 0.85, "size": 0.85, "all": 0.5},
+    "two": {"background": 0.95, "count": 0.75, "colour": 0.75, "position": 0.75, "all": 0.1},
 }
 #: The single-shape targets of the TPU-path issue (tiny_shapes.judge.TARGETS) hold on the bucket the
 #: weights were first shipped for.
@@ -368,22 +369,26 @@ def test_training_script_is_reproducible_from_its_seed(tmp_path):
     assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
 
 
-def test_bucket_mixing_sum_trains_every_bucket_each_step(tmp_path):
-    """--bucket-mixing sum: each step takes a batch of every bucket (the log names all four) and is
-    as reproducible from its seed as the default, which draws one bucket per step; the two give
-    different weights."""
+def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path):
+    """The default --bucket-mixing sum takes a batch of every bucket each step (the log names all
+    four), draw one bucket a step; the two give different weights. A run that loads the VAE a full
+    run saved (--load-vae, how the shipped weights were trained) gives that full run's weights bit
+    for bit: each stage has its own generator."""
     from safetensors.numpy import load_file
 
-    summed = [_train(tmp_path, name, 5, "--bucket-mixing", "sum") for name in ("a", "b")]
-    drawn = _train(tmp_path, "draw", 5)
-    component = "transformer/diffusion_pytorch_model.safetensors"
-    a, b, d = (load_file(run / component) for run in (*summed, drawn))
-    assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert any(not np.array_equal(a[k], d[k]) for k in a)
+    full = _train(tmp_path, "full", 5, "--save-vae", str(tmp_path / "vae.pt"))
+    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(tmp_path / "vae.pt"))
+    drawn = _train(tmp_path, "draw", 5, "--bucket-mixing", "draw")
+    for component in ("transformer/diffusion_pytorch_model", "text_encoder_2/model", "vae/diffusion_pytorch_model"):
+        a, b, d = (load_file(run / f"{component}.safetensors") for run in (full, loaded, drawn))
+        assert all(np.array_equal(a[k], b[k]) for k in a), component
+        if component.startswith("transformer"):
+            assert any(not np.array_equal(a[k], d[k]) for k in a)
+    assert json.loads((full / "vae/config.json").read_text()) == json.loads((loaded / "vae/config.json").read_text())
     steps = {run: [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-             for run in (summed[0], drawn)}
+             for run in (full, drawn)}
     steps = {run: [r["bucket"] for r in log if r["stage"] == "transformer"] for run, log in steps.items()}
-    assert steps[summed[0]] == ["64x64+128x128+96x64+64x96"] * 6
+    assert steps[full] == ["64x64+128x128+96x64+64x96"] * 6
     assert all(name in {"64x64", "128x128", "96x64", "64x96"} for name in steps[drawn]), steps[drawn]
 
 
