@@ -340,9 +340,9 @@ def flow_matching_loss(transformer, mb: dict, embeds: torch.Tensor, pooled: torc
 def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labels, args, log,
                       gen: torch.Generator) -> Trainable:
     """``buckets``: per canvas, ``packed`` latents, ``token_weights``, caption ``rows``, ``img_ids``,
-    ``batch`` size and ``weight`` (share of the steps). ``--bucket-mixing draw``: each step draws one
-    bucket, then a batch of it; ``sum``: each step a batch of every bucket, one summed loss, so every
-    update pulls the shared weights towards all canvases at once."""
+    ``batch`` size and ``weight``. ``--bucket-mixing sum`` (default): each step a batch of every bucket,
+    one loss summed with ``weight`` as shares, so every update pulls the shared weights towards all
+    canvases at once; ``draw``: each step draws one bucket (``weight``: share of the steps), then a batch of it."""
     model = Trainable(pipe.transformer, Conditioning(pipe.text_encoder, pipe.text_encoder_2))
     model.train()
     model.conditioning.eval()  # no dropout in T5: the conditioning is deterministic, as at inference
