@@ -357,13 +357,14 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labe
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     sigmas_table = scheduler.sigmas[: scheduler.config.num_train_timesteps].clone()
     bucket_p = torch.tensor([b["weight"] for b in buckets], dtype=torch.float64)
+    loss_shares = (bucket_p / bucket_p.sum()).tolist()  # --bucket-mixing sum: the same every step
     bar = tqdm(range(args.steps), desc="transformer", dynamic_ncols=True, mininterval=5)
     running = None
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
         if args.bucket_mixing == "sum":
-            chosen, shares = buckets, (bucket_p / bucket_p.sum()).tolist()
+            chosen, shares = buckets, loss_shares
         else:
             chosen, shares = [buckets[int(torch.multinomial(bucket_p, 1, generator=gen))]], [1.0]
         batches = [bucket_batch(bucket, args, sigmas_table, gen) for bucket in chosen]
