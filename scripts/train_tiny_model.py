@@ -10,8 +10,9 @@ Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
 1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
 2. train the AutoencoderKL (MSE + a small KL term; random crops of the ``--vae-buckets`` scenes
-   first, whole ``--vae-full-buckets`` images last), then set its ``shift_factor``/``scaling_factor``
-   from the latent statistics of every bucket;
+   first, whole ``--vae-full-buckets`` images last; tiny_shapes.vae_training), then its decoder
+   alone on whole images of every bucket (the encoder, so the latents, unchanged), then set its
+   ``shift_factor``/``scaling_factor`` from the latent statistics of every bucket;
 3. encode every image once (latent mean, ``_pack_latents``) and tokenize every caption once with
    the pipeline's own tokenizers (CLIP char-level, T5 with whole-word pieces);
 4. train the FluxTransformer2DModel together with both text encoders (CLIP pooled output + T5
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -45,6 +45,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import dataset as shapes_dataset  # noqa: E402
 from tiny_shapes.model import MAX_SEQUENCE_LENGTH, build_shapes_pipeline  # noqa: E402
+from tiny_shapes.vae_training import encode_images, lr_at, object_pixel_mask, train_decoder, train_vae  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
 #: ``true_cfg_scale`` guides against the empty prompt, which caption dropout trained.
@@ -67,6 +68,8 @@ def parse_args(argv=None):
                    help="sum: each transformer step takes one batch of every bucket and sums their losses weighted by "
                         "--bucket-weights (one direction for the shared weights per step); draw: each step trains "
                         "one bucket, drawn with --bucket-weights (the recipe up to the fifth attempt)")
+    p.add_argument("--jitter", type=str, default=",".join(map(str, shapes_dataset.JITTER)),
+                   help="offsets (pixels, each axis) an object's centre is moved by at random in the training scenes")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-buckets", type=str, default="64x64",
@@ -83,6 +86,11 @@ def parse_args(argv=None):
     p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--vae-object-weight", type=float, default=0.0,
                    help="reconstruction loss weight of the pixels on or next to an object (background: 1)")
+    p.add_argument("--vae-decoder-steps", type=int, default=400,
+                   help="then steps of the decoder alone (encoder frozen) on whole images of every bucket in turn")
+    p.add_argument("--vae-decoder-lr", type=float, default=5e-4)
+    p.add_argument("--vae-decoder-object-weight", type=float, default=4.0,
+                   help="decoder steps: extra loss weight of the pixels on or next to an object")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
                         "its VAE (and latent shift/scale) is kept as is, the transformer and text encoders are trained on")
@@ -90,7 +98,7 @@ def parse_args(argv=None):
                    help="VAE block_out_channels; n blocks make vae_scale_factor 2**(n-1)")
     p.add_argument("--latent-channels", type=int, default=4,
                    help="VAE latent channels (the transformer takes 4x as many)")
-    p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE (use with --save-vae)")
+    p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE stage and its latent statistics; save it to <output>/vae")
     p.add_argument("--bf16", action="store_true",
                    help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
     p.add_argument("--steps", type=int, default=5000, help="transformer steps")
@@ -113,20 +121,12 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="every N transformer steps, save the pipeline with the EMA weights to <output>.ckpt")
-    p.add_argument("--save-vae", type=Path, default=None, help="also save the trained VAE's state dict here")
+    p.add_argument("--save-vae", type=Path, default=None,
+                   help="also save the VAE's state dict here, after its training steps and before the decoder steps")
     p.add_argument("--load-vae", type=Path, default=None,
-                   help="development shortcut: load a VAE state dict (from --save-vae) instead of training one")
+                   help="development shortcut: load a VAE state dict (from --save-vae) instead of training one; "
+                        "the decoder steps still run")
     return p.parse_args(argv)
-
-
-def to_tensor(images: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
-
-
-def lr_at(step: int, total: int, base: float, warmup: int = 100) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 class Logger:
@@ -147,67 +147,6 @@ def per_bucket(text: str, count: int, kind=int) -> list:
     if len(values) != count:
         raise SystemExit(f"expected 1 or {count} comma-separated values, got {text!r}")
     return values
-
-
-def object_pixel_mask(images: np.ndarray, scenes) -> np.ndarray:
-    """uint8 ``(n, h, w)``: 1 on the pixels within 2 px of an object (differs from the scene's background)."""
-    background = np.array([shapes_dataset.PALETTE[s.background] for s in scenes], dtype=np.int16)
-    on_object = torch.from_numpy((images.astype(np.int16) != background[:, None, None, :]).any(-1))
-    near = F.max_pool2d(on_object[:, None].float(), kernel_size=5, stride=1, padding=2)[:, 0]
-    return near.to(torch.uint8).numpy()
-
-
-def train_vae(vae, crop_sets: list[tuple[np.ndarray, np.ndarray]], full_sets: list[tuple[np.ndarray, np.ndarray]],
-              args, log, gen: torch.Generator):
-    """``*_sets``: (uint8 images, object pixel masks) per bucket. Crop steps take crops of the
-    ``crop_sets`` buckets' images in turn (the VAE is convolutional: a 32x32 crop costs a quarter of
-    a 64x64 image); full steps take whole images of the ``full_sets`` buckets in turn, the batch
-    scaled by the image area (so each costs about as much as a 64x64 batch).
-
-    The reconstruction loss weighs the pixels on and around objects ``--vae-object-weight`` times the
-    background's: what tells a small circle from a small square is a few edge pixels, and a plain mean
-    spends most of its gradient on flat background.
-    """
-    vae.train()
-    opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    bar = tqdm(range(args.vae_steps), desc="vae", dynamic_ncols=True, mininterval=5)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.vae_steps, args.vae_lr)
-        full = step >= args.vae_steps - args.vae_full_steps
-        sets = full_sets if full else crop_sets
-        bucket, mask = sets[step % len(sets)]
-        height, width = bucket.shape[1:3]
-        batch = max(4, round(args.vae_batch_size * 64 * 64 / (height * width))) if full else args.vae_batch_size
-        idx = torch.randint(0, len(bucket), (batch,), generator=gen)
-        x = to_tensor(bucket[idx.numpy()])
-        weight = 1.0 + args.vae_object_weight * torch.from_numpy(mask[idx.numpy()]).float()[:, None]
-        if not full:
-            top = int(torch.randint(0, height - args.vae_crop + 1, (1,), generator=gen))
-            left = int(torch.randint(0, width - args.vae_crop + 1, (1,), generator=gen))
-            x = x[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
-            weight = weight[:, :, top:top + args.vae_crop, left:left + args.vae_crop]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            posterior = vae.encode(x).latent_dist
-            recon = vae.decode(posterior.sample(generator=gen)).sample
-        mse = ((recon.float() - x) ** 2 * weight).sum() / (weight.sum() * x.shape[1])
-        kl = posterior.kl().float().mean() / posterior.mean[0].numel()
-        loss = mse + 1e-4 * kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % args.log_every == 0 or step == args.vae_steps - 1:
-            log(stage="vae", step=step, loss=loss.item(), mse=mse.item(), kl=kl.item(), full=full)
-            bar.set_postfix(mse=f"{mse.item():.4f}")
-    vae.eval()
-
-
-@torch.no_grad()
-def encode_images(vae, images: np.ndarray, batch: int = 256) -> torch.Tensor:
-    out = []
-    for i in tqdm(range(0, len(images), batch), desc="encode images", dynamic_ncols=True):
-        out.append(vae.encode(to_tensor(images[i:i + batch])).latent_dist.mean)
-    return torch.cat(out)
 
 
 def object_token_weights(images: np.ndarray, scenes, token_pixels: int, weight: float) -> torch.Tensor:
@@ -407,6 +346,7 @@ def main(argv=None):
     # One generator per stage, so --load-vae continues exactly like a full run would.
     vae_gen = torch.Generator().manual_seed(args.seed)
     transformer_gen = torch.Generator().manual_seed(args.seed + 1)
+    decoder_gen = torch.Generator().manual_seed(args.seed + 2)
     args.output.mkdir(parents=True, exist_ok=True)
     log = Logger(args.output / "train_log.jsonl")
     timings = {}
@@ -425,36 +365,36 @@ def main(argv=None):
     counts = per_bucket(args.num_images, len(sizes))
     batches = per_bucket(args.batch_sizes, len(sizes))
     shares = per_bucket(args.bucket_weights, len(sizes), float)
+    jitter = tuple(int(v) for v in args.jitter.split(","))
     data = []  # per bucket: (uint8 images, captions, scenes); bucket i renders from seed + 1000 i
     for i, (size, count) in enumerate(zip(sizes, counts)):
         rendered = shapes_dataset.generate(count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob,
-                                           size=size)
+                                           size=size, jitter=jitter)
         data.append((np.stack([d[0] for d in rendered]), [d[1] for d in rendered], [d[2] for d in rendered]))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
+    def object_sets(option: str, value: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(uint8 images, object pixel masks) of the buckets ``value`` names."""
+        chosen = [(d[0], object_pixel_mask(d[0], d[2])) for label, d in zip(bucket_labels, data)
+                  if label in value.lower().split(",")]
+        if not chosen:
+            raise SystemExit(f"{option} {value!r} names none of --buckets {args.buckets!r}")
+        return chosen
+
     if args.load_vae:
         pipe.vae.load_state_dict(torch.load(args.load_vae))
         pipe.vae.eval()
     elif args.init_from:
         pipe.vae.eval()
     else:
-        def vae_sets(option: str, value: str) -> list[tuple[np.ndarray, np.ndarray]]:
-            chosen = [(d[0], object_pixel_mask(d[0], d[2])) for label, d in zip(bucket_labels, data)
-                      if label in value.lower().split(",")]
-            if not chosen:
-                raise SystemExit(f"{option} {value!r} names none of --buckets {args.buckets!r}")
-            return chosen
-
-        train_vae(pipe.vae, vae_sets("--vae-buckets", args.vae_buckets),
-                  vae_sets("--vae-full-buckets", args.vae_full_buckets), args, log, vae_gen)
+        train_vae(pipe.vae, object_sets("--vae-buckets", args.vae_buckets),
+                  object_sets("--vae-full-buckets", args.vae_full_buckets), args, log, vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
+    if args.vae_decoder_steps and (args.load_vae or not args.init_from):  # --init-from keeps its VAE as it is
+        train_decoder(pipe.vae, object_sets("--buckets", args.buckets), args, log, decoder_gen)
     timings["vae_s"] = time.perf_counter() - t
-    if args.vae_only:
-        print(json.dumps(timings))
-        return
-
     t = time.perf_counter()
     latents = [encode_images(pipe.vae, images) for images, _, _ in data]
     flat = torch.cat([lat.flatten() for lat in latents])
@@ -462,6 +402,10 @@ def main(argv=None):
     if args.init_from and not args.load_vae:  # the transformer learned the VAE's existing normalisation
         shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
     pipe.vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    if args.vae_only:
+        pipe.vae.save_pretrained(args.output / "vae", safe_serialization=True)
+        print(json.dumps(timings))
+        return
     unique, clip_ids, t5_ids, rows = tokenize_captions(pipe, [c for _, captions, _ in data for c in captions])
     token_pixels = pipe.vae_scale_factor * 2  # a packed token is 2x2 latent pixels
     buckets, offset = [], 0

@@ -343,8 +343,8 @@ def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
 
     out = tmp_path / name
     args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "24", "--vae-steps", "6",
-            "--vae-full-steps", "4", "--vae-batch-size", "8", "--steps", "6", "--batch-sizes", "8,2,4,4",
-            "--log-every", "1", *extra]
+            "--vae-full-steps", "4", "--vae-batch-size", "8", "--vae-decoder-steps", "4", "--steps", "6",
+            "--batch-sizes", "8,2,4,4", "--log-every", "1", *extra]
     run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
@@ -390,6 +390,24 @@ def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path)
     steps = {run: [r["bucket"] for r in log if r["stage"] == "transformer"] for run, log in steps.items()}
     assert steps[full] == ["64x64+128x128+96x64+64x96"] * 6
     assert all(name in {"64x64", "128x128", "96x64", "64x96"} for name in steps[drawn]), steps[drawn]
+
+
+def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(tmp_path):
+    """The VAE's decoder steps (encoder frozen) change the decoder and nothing the transformer
+    learns from: the encoder, the latent normalisation and the transformer are bit for bit those of
+    a run without them. So the decoder of a shipped pipeline can be polished without retraining."""
+    from safetensors.numpy import load_file
+
+    polished, plain = _train(tmp_path, "polished", 5), _train(tmp_path, "plain", 5, "--vae-decoder-steps", "0")
+    vae, vae_plain = (load_file(run / "vae/diffusion_pytorch_model.safetensors") for run in (polished, plain))
+    assert all(np.array_equal(vae[k], vae_plain[k]) for k in vae if not k.startswith("decoder."))
+    assert any(not np.array_equal(vae[k], vae_plain[k]) for k in vae if k.startswith("decoder."))
+    a, b = (load_file(run / "transformer/diffusion_pytorch_model.safetensors") for run in (polished, plain))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    configs = [json.loads((run / "vae/config.json").read_text()) for run in (polished, plain)]
+    assert [c["shift_factor"] for c in configs] == [configs[1]["shift_factor"]] * 2
+    log = [json.loads(line) for line in (polished / "train_log.jsonl").read_text().splitlines()]
+    assert [r["bucket"] for r in log if r["stage"] == "vae_decoder"] == ["64x64", "128x128", "96x64", "64x96"]
 
 
 def test_timestep_sampling_draws_the_noise_levels_it_names():

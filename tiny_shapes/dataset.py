@@ -65,7 +65,8 @@ POSITIONS: dict[str, tuple[str, int, int]] = {
 POSITION_NAMES = tuple(POSITIONS)
 #: Bounding-box side in pixels on a 64 px shorter side, per size word.
 SIDE = {"small": 14, "large": 26}
-JITTER = 2
+#: Offsets (pixels, each axis) an object's centre may be moved by in a rendered scene.
+JITTER = (-2, -1, 0, 1, 2)
 
 #: Every word of the grammar (whole-word pieces for the T5 tokenizer).
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
@@ -185,17 +186,17 @@ def layout(position: str, object_size: str, size: tuple[int, int] = (IMAGE_SIZE,
     return round(x * width / IMAGE_SIZE), round(y * height / IMAGE_SIZE), SIDE[object_size]
 
 
-def render(scene: Scene, rng: random.Random | None = None, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> Image.Image:
-    """Draw ``scene`` on a ``(width, height)`` canvas (with a small random jitter of each object's
-    centre when ``rng`` is given)."""
+def render(scene: Scene, rng: random.Random | None = None, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE),
+           jitter: tuple[int, ...] = JITTER) -> Image.Image:
+    """Draw ``scene`` on a ``(width, height)`` canvas (with each object's centre moved by one of the
+    ``jitter`` offsets, in pixels, along each axis when ``rng`` is given)."""
     image = Image.new("RGB", tuple(size), PALETTE[scene.background])
     draw = ImageDraw.Draw(image)
-    jitter = JITTER
     for obj in scene.objects:
         cx, cy, side = layout(obj.position, obj.size, size)
         if rng is not None:
-            cx += rng.randint(-jitter, jitter)
-            cy += rng.randint(-jitter, jitter)
+            cx += rng.choice(jitter)
+            cy += rng.choice(jitter)
         x0, y0 = cx - side // 2, cy - side // 2
         x1, y1 = x0 + side - 1, y0 + side - 1
         fill = PALETTE[obj.colour]
@@ -232,15 +233,15 @@ def sample_scene(rng: random.Random, two_shape_prob: float = 0.25) -> Scene:
     return Scene(background, objects)
 
 
-def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25,
-             size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> list[tuple[np.ndarray, str, Scene]]:
+def generate(n: int, seed: int = 0, two_shape_prob: float = 0.25, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE),
+             jitter: tuple[int, ...] = JITTER) -> list[tuple[np.ndarray, str, Scene]]:
     """``n`` training examples ``(uint8 HxWx3 image, caption, scene)`` on a ``(width, height)``
-    canvas, deterministic from ``seed``."""
+    canvas, deterministic from ``seed`` (``jitter``: see :func:`render`)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         scene = sample_scene(rng, two_shape_prob)
-        out.append((np.asarray(render(scene, rng, size)), scene.caption, scene))
+        out.append((np.asarray(render(scene, rng, size, jitter)), scene.caption, scene))
     return out
 
 
