@@ -10,8 +10,8 @@ Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
 1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
 2. train the AutoencoderKL (MSE + a small KL term; random crops of the ``--vae-buckets`` scenes
-   first, whole ``--vae-full-buckets`` images last; tiny_shapes.vae_training), then its decoder
-   alone on whole images of every bucket (the encoder, so the latents, unchanged), then set its
+   first, whole ``--vae-full-buckets`` images last; tiny_shapes.vae_training), optionally its decoder
+   alone on whole images of every bucket (``--vae-decoder-steps``; the latents unchanged), then set its
    ``shift_factor``/``scaling_factor`` from the latent statistics of every bucket;
 3. encode every image once (latent mean, ``_pack_latents``) and tokenize every caption once with
    the pipeline's own tokenizers (CLIP char-level, T5 with whole-word pieces);
@@ -86,8 +86,9 @@ def parse_args(argv=None):
     p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--vae-object-weight", type=float, default=0.0,
                    help="reconstruction loss weight of the pixels on or next to an object (background: 1)")
-    p.add_argument("--vae-decoder-steps", type=int, default=400,
-                   help="then steps of the decoder alone (encoder frozen) on whole images of every bucket in turn")
+    p.add_argument("--vae-decoder-steps", type=int, default=0,
+                   help="then steps of the decoder alone (encoder frozen) on whole images of every bucket in turn; "
+                        "400 lift the VAE's 128x128 ceiling above 95%% (docs/tiny-shapes.md, 'Seventh attempt')")
     p.add_argument("--vae-decoder-lr", type=float, default=5e-4)
     p.add_argument("--vae-decoder-object-weight", type=float, default=4.0,
                    help="decoder steps: extra loss weight of the pixels on or next to an object")

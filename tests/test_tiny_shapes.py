@@ -343,8 +343,8 @@ def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
 
     out = tmp_path / name
     args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "24", "--vae-steps", "6",
-            "--vae-full-steps", "4", "--vae-batch-size", "8", "--vae-decoder-steps", "4", "--steps", "6",
-            "--batch-sizes", "8,2,4,4", "--log-every", "1", *extra]
+            "--vae-full-steps", "4", "--vae-batch-size", "8", "--steps", "6", "--batch-sizes", "8,2,4,4",
+            "--log-every", "1", *extra]
     run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
@@ -373,11 +373,11 @@ def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path)
     """The default --bucket-mixing sum takes a batch of every bucket each step (the log names all
     four), draw one bucket a step; the two give different weights. A run that loads the VAE a full
     run saved (--load-vae, how the shipped weights were trained) gives that full run's weights bit
-    for bit: each stage has its own generator."""
+    for bit, decoder steps included: each stage has its own generator."""
     from safetensors.numpy import load_file
 
-    full = _train(tmp_path, "full", 5, "--save-vae", str(tmp_path / "vae.pt"))
-    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(tmp_path / "vae.pt"))
+    full = _train(tmp_path, "full", 5, "--save-vae", str(tmp_path / "vae.pt"), "--vae-decoder-steps", "4")
+    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(tmp_path / "vae.pt"), "--vae-decoder-steps", "4")
     drawn = _train(tmp_path, "draw", 5, "--bucket-mixing", "draw")
     for component in ("transformer/diffusion_pytorch_model", "text_encoder_2/model", "vae/diffusion_pytorch_model"):
         a, b, d = (load_file(run / f"{component}.safetensors") for run in (full, loaded, drawn))
@@ -398,7 +398,7 @@ def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(tm
     a run without them. So the decoder of a shipped pipeline can be polished without retraining."""
     from safetensors.numpy import load_file
 
-    polished, plain = _train(tmp_path, "polished", 5), _train(tmp_path, "plain", 5, "--vae-decoder-steps", "0")
+    polished, plain = _train(tmp_path, "polished", 5, "--vae-decoder-steps", "4"), _train(tmp_path, "plain", 5)
     vae, vae_plain = (load_file(run / "vae/diffusion_pytorch_model.safetensors") for run in (polished, plain))
     assert all(np.array_equal(vae[k], vae_plain[k]) for k in vae if not k.startswith("decoder."))
     assert any(not np.array_equal(vae[k], vae_plain[k]) for k in vae if k.startswith("decoder."))
