@@ -375,10 +375,16 @@ def main(argv=None):
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
+    masks: dict[str, np.ndarray] = {}  # per bucket, made once however many VAE phases use it
+
     def object_sets(option: str, value: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """(uint8 images, object pixel masks) of the buckets ``value`` names."""
-        chosen = [(d[0], object_pixel_mask(d[0], d[2])) for label, d in zip(bucket_labels, data)
-                  if label in value.lower().split(",")]
+        chosen = []
+        for label, (images, _, scenes) in zip(bucket_labels, data):
+            if label in value.lower().split(","):
+                if label not in masks:
+                    masks[label] = object_pixel_mask(images, scenes)
+                chosen.append((images, masks[label]))
         if not chosen:
             raise SystemExit(f"{option} {value!r} names none of --buckets {args.buckets!r}")
         return chosen
