@@ -66,10 +66,9 @@ def demo_defaults(path: Path) -> dict:
 def save_grid(scenes, images, path: Path, columns: int = 10):
     from PIL import Image
 
-    rng = random.Random(0)
     tiles = []
     for scene, image in zip(scenes, images):
-        truth = np.asarray(shapes_dataset.render(scene, rng, image.size))
+        truth = np.asarray(shapes_dataset.render(scene, None, image.size))  # as trained: no jitter
         tiles.append(np.concatenate([truth, np.asarray(image)], axis=0))
     rows = [np.concatenate(tiles[i:i + columns] + [np.zeros_like(tiles[0])] * (columns - len(tiles[i:i + columns])), 1)
             for i in range(0, len(tiles), columns)]

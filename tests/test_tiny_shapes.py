@@ -410,6 +410,24 @@ def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(tm
     assert [r["bucket"] for r in log if r["stage"] == "vae_decoder"] == ["64x64", "128x128", "96x64", "64x96"]
 
 
+def test_training_scenes_stand_exactly_at_their_positions():
+    """The training script's default scenes have no jitter: every object is drawn at its layout
+    position, so a caption is one picture on each canvas (docs/tiny-shapes.md, "Eighth attempt").
+    The judges are still tested on jittered scenes (test_captions_match_pixels)."""
+    import sys
+
+    sys.path.insert(0, str(MODEL_DIR.parents[2] / "scripts"))
+    import train_tiny_model as train
+
+    jitter = tuple(int(v) for v in train.parse_args(["--output", "unused"]).jitter.split(","))
+    assert jitter == sd.TRAINING_JITTER == (0,)
+    for size in sd.CANVASES:
+        scenes = sd.generate(30, seed=7, two_shape_prob=0.5, size=size, jitter=jitter)
+        assert all(np.array_equal(image, np.asarray(sd.render(scene, None, size))) for image, _, scene in scenes)
+        jittered = sd.generate(30, seed=7, two_shape_prob=0.5, size=size)
+        assert any(not np.array_equal(a[0], b[0]) for a, b in zip(scenes, jittered))
+
+
 def test_timestep_sampling_draws_the_noise_levels_it_names():
     """--timestep-sampling: uniform draws the scheduler's own training sigmas (shift applied),
     logit-normal draws sigmoid(N(0, 1)): a third of the samples beyond sigmoid(+-1), where uniform

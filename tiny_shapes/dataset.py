@@ -65,8 +65,13 @@ POSITIONS: dict[str, tuple[str, int, int]] = {
 POSITION_NAMES = tuple(POSITIONS)
 #: Bounding-box side in pixels on a 64 px shorter side, per size word.
 SIDE = {"small": 14, "large": 26}
-#: Offsets (pixels, each axis) an object's centre may be moved by in a rendered scene.
+#: Offsets (pixels, each axis) an object's centre may be moved by in a rendered scene: the
+#: variety the judges are tested against (and the training scenes' offsets up to the seventh attempt).
 JITTER = (-2, -1, 0, 1, 2)
+#: The training scenes' offsets: none, so a caption is one picture. With five offsets per axis the
+#: transformer had to pick one for all of an object's tokens at once, and tokens that picked
+#: differently drew the dented edges and stray fragments every miss was (docs/tiny-shapes.md, "Eighth attempt").
+TRAINING_JITTER = (0,)
 
 #: Every word of the grammar (whole-word pieces for the T5 tokenizer).
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(
