@@ -3,8 +3,8 @@
 Each candidate (a caption of the grammar, at a bucket) is drawn at seeds 0-7 with the model's
 defaults and read by the strict judge; it is kept when every attribute is right at
 ``--min-right`` of the seeds or more, seed 0 among them (the seed of the README's example grid).
-The kept lines are written in the prompts-file format (``caption | WIDTHxHEIGHT`` for a bucket
-other than the first).
+The first ``MAX_EXAMPLES`` kept lines (what the page lists) are written in the prompts-file format
+(``caption | WIDTHxHEIGHT`` for a bucket other than the first).
 
     python scripts/pick_examples.py [--write assets/tiny_shapes_prompts.txt]
 """
@@ -24,43 +24,44 @@ import torch  # noqa: E402
 
 from tiny_shapes.dataset import parse_caption  # noqa: E402
 from tiny_shapes.judge import evaluate_pipeline  # noqa: E402
+from tpu_demo.web.handlers import MAX_EXAMPLES  # noqa: E402
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "models" / "tiny-shapes"
 
-#: (caption, bucket) candidates, in the order the page lists them: single shapes first, then
-#: two-shape scenes and the non-square buckets.
+#: (caption, bucket) candidates, in the order the page lists them: the first twelve (the page shows
+#: at most MAX_EXAMPLES) are, per bucket, two single shapes and one two-shape scene; the rest are
+#: kept in reserve for weights that miss some of them.
 CANDIDATES = [
     ("a large red circle in the center on a white background", "64x64"),
     ("a small blue square at the top-left on a white background", "64x64"),
+    ("a large red circle at the top-left and a small blue square at the bottom-right on a white background", "64x64"),
+    ("a large white circle at the top-left on a gray background", "128x128"),
+    ("a small red triangle at the bottom-right on a white background", "128x128"),
+    ("a large blue circle at the top-right and a large red triangle at the bottom-left on a gray background",
+     "128x128"),
+    ("a large green triangle in the center on a black background", "96x64"),
+    ("a small orange triangle at the top-right on a black background", "96x64"),
+    ("a large orange triangle at the top-left and a large green circle at the bottom-right on a white background",
+     "96x64"),
+    ("a large yellow circle at the bottom-right on a black background", "64x96"),
+    ("a large blue square at the top-right on a white background", "64x96"),
+    ("a large purple triangle at the bottom-right and a small white square at the top-left on a black background",
+     "64x96"),
     ("a large yellow triangle at the bottom-right on a black background", "64x64"),
     ("a small green circle at the top-right on a gray background", "64x64"),
     ("a large purple square at the bottom-left on a white background", "128x128"),
-    ("a large white circle at the top-left on a gray background", "128x128"),
-    ("a large red circle at the top-left and a small blue square at the bottom-right on a white background", "64x64"),
     ("a large yellow triangle at the bottom-left and a small purple circle at the top-right on a black background",
      "64x64"),
-    ("a small green square in the center and a small orange triangle at the top-left on a white background",
-     "128x128"),
-    ("a large blue circle at the top-right and a large red triangle at the bottom-left on a gray background",
-     "128x128"),
-    ("a large orange triangle at the top-left and a large green circle at the bottom-right on a white background",
-     "96x64"),
+    ("a small green square in the center and a small orange triangle at the top-left on a white background", "128x128"),
     ("a small black circle at the top-right and a large yellow square at the bottom-left on a white background",
      "96x64"),
-    ("a large purple triangle at the bottom-right and a small white square at the top-left on a black background",
-     "64x96"),
     ("a large red square at the top-left and a large blue circle at the bottom-right on a white background", "64x96"),
-    ("a large green triangle in the center on a black background", "96x64"),
     ("a small yellow circle at the bottom-left on a gray background", "64x96"),
     ("a large blue circle in the center on a white background", "128x128"),
-    ("a small red triangle at the bottom-right on a white background", "128x128"),
     ("a large green square at the top-left on a white background", "96x64"),
-    ("a small orange triangle at the top-right on a black background", "96x64"),
     ("a large blue square in the center on a gray background", "64x96"),
     ("a small red circle at the bottom-right on a white background", "64x96"),
     ("a large red triangle at the top-left on a white background", "64x96"),
-    ("a large yellow circle at the bottom-right on a black background", "64x96"),
-    ("a large blue square at the top-right on a white background", "64x96"),
     ("a large red circle at the top-left and a large blue square at the bottom-right on a white background", "96x64"),
     ("a large white triangle at the top-right and a small green circle at the bottom-left on a black background",
      "96x64"),
@@ -93,9 +94,9 @@ def main() -> None:
         print(f"{sum(right)}/{args.seeds} {marks} {'kept' if keep else 'dropped'}: {caption} | {bucket}", flush=True)
         if keep:
             kept.append(caption if bucket == first_bucket else f"{caption} | {bucket}")
-    if args.write:
-        args.write.write_text("\n".join(kept) + "\n", encoding="utf-8")
-        print(f"wrote {len(kept)} of {len(CANDIDATES)} to {args.write}")
+    if args.write:  # the page lists the first MAX_EXAMPLES lines
+        args.write.write_text("\n".join(kept[:MAX_EXAMPLES]) + "\n", encoding="utf-8")
+        print(f"kept {len(kept)} of {len(CANDIDATES)}; wrote the first {len(kept[:MAX_EXAMPLES])} to {args.write}")
 
 
 if __name__ == "__main__":

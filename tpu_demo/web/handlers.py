@@ -44,8 +44,12 @@ class UiSettings:
     generate_concurrency: int = 1
 
 
+#: Example prompts the page lists under the prompt box, at most (the first lines of the file).
+MAX_EXAMPLES = 12
+
+
 def example_rows(spec: ModelSpec) -> list[tuple[str, str]]:
-    """(prompt, resolution) of each example of the model's prompts file (at most 12). A line may end
+    """(prompt, resolution) of each example of the model's prompts file (at most MAX_EXAMPLES). A line may end
     with ``| WIDTHxHEIGHT`` naming one of the model's buckets; otherwise the example keeps the first."""
     path = ASSETS_DIR / spec.example_prompts_file
     if not path.is_file():
@@ -58,7 +62,7 @@ def example_rows(spec: ModelSpec) -> list[tuple[str, str]]:
             text, resolution = line.strip(), str(spec.buckets[0])
         if text:
             rows.append((text, resolution.strip()))
-    return rows[:12]
+    return rows[:MAX_EXAMPLES]
 
 
 def example_prompts(spec: ModelSpec) -> list[str]:
