@@ -69,8 +69,8 @@ SIDE = {"small": 14, "large": 26}
 #: variety the judges are tested against (and the training scenes' offsets up to the seventh attempt).
 JITTER = (-2, -1, 0, 1, 2)
 #: The training scenes' offsets: none, so a caption is one picture. With five offsets per axis the
-#: transformer had to pick one for all of an object's tokens at once, and tokens that picked
-#: differently drew the dented edges and stray fragments every miss was (docs/tiny-shapes.md, "Eighth attempt").
+#: transformer had to pick one for all of an object's tokens at once; its misses were dented edges
+#: and stray fragments, and without jitter they went (docs/tiny-shapes.md, "Eighth attempt").
 TRAINING_JITTER = (0,)
 
 #: Every word of the grammar (whole-word pieces for the T5 tokenizer).
