@@ -128,6 +128,9 @@ def test_manifests_validate_and_deploy_what_the_app_needs(name):
     assert config.models == (model,)
     # weights: fetched by the init step into the volume the app reads offline; the token from a Secret
     assert fetch["command"][:3] == ["hf", "download", spec.hub_repo]
+    # the same files as the recipe in the docs and the app's own message: the catalog's patterns
+    command = fetch["command"]
+    assert tuple(command[i + 1] for i, arg in enumerate(command) if arg == "--exclude") == spec.download_exclude
     token = {e["name"]: e for e in fetch["env"]}["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert token["name"] == "hf-token" and not any(e["name"] == "HF_TOKEN" for e in app.get("env", []))
     mounts = {m["mountPath"]: m for m in app["volumeMounts"]}

@@ -2,7 +2,7 @@
 
 Gradio's analytics/version check and the hub's telemetry would otherwise contact external
 hosts at start-up; downloads at run time would stall a request for minutes, so real weights
-come from the local hub cache (``huggingface-cli download`` beforehand). An operator can still
+come from the local hub cache (``hf download`` beforehand: ``ModelSpec.download_command``). An operator can still
 override any of these in the environment.
 """
 

@@ -78,6 +78,9 @@ class ModelSpec:
     repeated_blocks: tuple[str, ...] = ()
     license_note: str = ""
     example_prompts_file: str = "prompts.txt"
+    #: files of the hub repo the app never reads (single-file checkpoints that duplicate the
+    #: diffusers folders): ``hf download --exclude`` patterns, the same as deploy/k8s's manifests
+    download_exclude: tuple[str, ...] = ()
 
     def pipeline_kwargs(self, guidance: float, negative_prompt: str = "") -> dict[str, object]:
         """Keyword arguments of every pipeline call besides prompt, size, steps and generator."""
@@ -91,6 +94,17 @@ class ModelSpec:
     @property
     def hub_repo(self) -> str | None:
         return None if self.is_builtin else self.source
+
+    @property
+    def download_command(self) -> str | None:
+        """The one command that puts this model's weights in the local hub cache (None: nothing to fetch).
+
+        huggingface_hub 2.x ships only the ``hf`` command (``huggingface-cli`` is gone)."""
+        if self.hub_repo is None:
+            return None
+        token = "HF_TOKEN=... " if "gated" in self.license_note else ""
+        excludes = "".join(f" --exclude '{pattern}'" for pattern in self.download_exclude)
+        return f"{token}hf download {self.hub_repo}{excludes}"
 
     @property
     def guidance_fixed(self) -> bool:
@@ -180,6 +194,7 @@ _ENTRIES = (
         placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         component_gb={"transformer": 23.8, "text_encoder_2": 9.5, "text_encoder": 0.25, "vae": 0.17},
         call_kwargs={"max_sequence_length": 256}, license_note="Apache-2.0",
+        download_exclude=("flux1-schnell.safetensors", "ae.safetensors"),
     ),
     ModelSpec(
         id="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
@@ -191,6 +206,7 @@ _ENTRIES = (
                       "text_encoder": 0.25, "vae": 0.17},
         repeated_blocks=("JointTransformerBlock",),
         license_note="gated: accept the license on the hub and set HF_TOKEN",
+        download_exclude=("sd3.5_medium.safetensors", "text_encoders/*"),
     ),
     ModelSpec(
         id="flux.2-dev", title="FLUX.2 [dev]", pipeline_class="Flux2Pipeline",
@@ -199,6 +215,7 @@ _ENTRIES = (
         placements=(Placement.TENSOR_PARALLEL, Placement.RESIDENT),
         component_gb={"transformer": 64.0, "text_encoder": 48.0, "vae": 0.17},
         license_note="gated: accept the license on the hub and set HF_TOKEN",
+        download_exclude=("flux2-dev.safetensors", "ae.safetensors"),
     ),
 )
 

@@ -79,6 +79,10 @@ def _known_model(text: str) -> str:
     return text
 
 
+_known_model.choices = tuple(CATALOG)  # type: ignore[attr-defined]
+_model_list.choices = tuple(CATALOG)  # type: ignore[attr-defined]
+
+
 def _buckets(text: str) -> tuple[Bucket, ...]:
     try:
         return parse_bucket_list(text)
@@ -93,12 +97,17 @@ def _batch_size(text: str) -> int:
     return value
 
 
+_batch_size.choices = tuple(map(str, BATCH_SIZES))  # type: ignore[attr-defined]
+
+
 def _choice(values: Sequence[str]) -> Callable[[str], str]:
+    """A parser of one of ``values``; ``--help`` lists them (read from ``parse.choices``)."""
     def parse(text: str) -> str:
         if text not in values:
             raise ValueError(f"must be one of: {', '.join(values)}")
         return text
 
+    parse.choices = tuple(values)  # type: ignore[attr-defined]
     return parse
 
 
@@ -215,8 +224,11 @@ def _parser() -> argparse.ArgumentParser:
             parser.add_argument(option, action="store_true", help=f"{description} [{', '.join(env_names(name))}]")
         else:
             shown = "" if default is None else f"; default {default}"
+            choices = getattr(parse, "choices", None)  # enumerated flags list their values
+            listed = f"; {'from' if parse is _model_list else 'one of'}: {', '.join(choices)}" if choices else ""
             parser.add_argument(option, type=_named(parse, option), default=None,
-                                help=f"{description} [{', '.join(env_names(name))}{shown}]")
+                                metavar=option.lstrip("-").replace("-", "_").upper(),
+                                help=f"{description} [{', '.join(env_names(name))}{listed}{shown}]")
     return parser
 
 

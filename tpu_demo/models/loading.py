@@ -51,7 +51,7 @@ def hub_weights_present(spec: ModelSpec) -> bool:
 def unavailable_message(spec: ModelSpec) -> str:
     token = " It is gated: accept its license on huggingface.co and set HF_TOKEN first." if "gated" in spec.license_note else ""
     return (f"Model {spec.id} is not available on this machine: its weights ({spec.hub_repo}) are not in the "
-            f"Hugging Face cache; run `huggingface-cli download {spec.hub_repo}` on the host and restart.{token}")
+            f"Hugging Face cache; run `{spec.download_command}` on the host and restart.{token}")
 
 
 def ensure_available(spec: ModelSpec) -> None:
