@@ -31,3 +31,23 @@ class CompileCounter:
             self._count += 1
         real = lookup_backend(self.backend) if isinstance(self.backend, str) else self.backend
         return real(graph_module, example_inputs, **kwargs)
+
+
+def recompile_limits(shapes: int) -> dict[str, int]:
+    """Dynamo's recompile limits for an engine that serves ``shapes`` static shapes.
+
+    ``fullgraph=True`` turns the limit into a hard failure: cover every shape (each bucket at every
+    batch size, with and without a CFG-doubled batch) with room to spare; never lower a limit.
+    """
+    from torch._dynamo import config
+
+    limit = max(config.recompile_limit, 2 * shapes + 8)
+    return {"recompile_limit": limit, "accumulated_recompile_limit": max(config.accumulated_recompile_limit, 4 * limit)}
+
+
+def apply_recompile_limits(limits: dict[str, int]) -> None:
+    """Dynamo's config is per thread (ContextVars): apply on every thread that compiles."""
+    from torch._dynamo import config
+
+    for name, value in limits.items():
+        setattr(config, name, value)

@@ -10,13 +10,13 @@ pipeline call from waiting images of one shape (``batch_run``), up to ``max_batc
 This module knows nothing of Gradio; device specifics come from ``tpu_demo.device``, model
 knowledge from the catalog. Its parts: ``model_pool`` (loading, eviction), ``bucket_book``
 (shape states, compile records), ``step_observer`` (inside the denoising loop),
-``image_record`` (timings and the settings written into each PNG).
+``image_record`` (timings and the settings written into each PNG), ``warmup`` (warming shapes,
+background warmups).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 from collections import Counter
@@ -42,17 +42,15 @@ from tpu_demo.engine.batching import END, ImageQueue, PendingRequest, batch_size
 from tpu_demo.engine.bucket_book import BucketBook
 from tpu_demo.engine.about import server_facts
 from tpu_demo.engine.compare import compare_modes
-from tpu_demo.engine.compile_counter import CompileCounter
+from tpu_demo.engine.compile_counter import CompileCounter, apply_recompile_limits, recompile_limits
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
 from tpu_demo.engine.preview_stream import PreviewStream
 from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
-from tpu_demo.engine.warmup_lane import WarmupLane
+from tpu_demo.engine.warmup import Warmer, shape_key
 from tpu_demo.models.placement import compile_for_placement, describe_placement
 
 __all__ = ["Engine", "EngineConfig", "EngineError"]
-
-log = logging.getLogger("tpu_demo.engine")
 
 #: How often a waiting request checks its Stop flag and whether the tensor-parallel group has failed.
 _POLL_SECONDS = 0.1
@@ -99,12 +97,13 @@ class Engine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._busy = threading.Event()
         self._closing = threading.Event()
-        self._warmup_lane = WarmupLane()
         #: models a running or queued request needs (model id -> count): warmups never evict them
         self._in_use: Counter[str] = Counter()
         self._in_use_lock = threading.Lock()
         #: warm images of recent requests and comparisons: the page's speed chart
         self.recent = RecentRuns()
+        self._warmer = Warmer(self.book, self.pool, self.submit, self.call_pipeline, self.previews,
+                              self.models_in_use, self._closing, config.warmup_steps)
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {
             model_id: get_spec(model_id).with_buckets(config.bucket_overrides[model_id])
@@ -112,17 +111,9 @@ class Engine:
             for model_id in offered
         }
         bucket_count = sum(len(spec.buckets) for spec in self.specs.values())
-        # fullgraph=True turns dynamo's recompile limit into a hard failure: cover every shape
-        # (each bucket, at every batch size, with and without a CFG-doubled batch) with room to spare.
-        limit = max(torch._dynamo.config.recompile_limit, 2 * bucket_count * len(self.batch_sizes) + 8)
-        self._recompile_limits = {"recompile_limit": limit, "accumulated_recompile_limit": max(
-            torch._dynamo.config.accumulated_recompile_limit, 4 * limit)}
-        self._apply_recompile_limits()
-
-    def _apply_recompile_limits(self) -> None:
-        """Dynamo's config is per thread (ContextVars): set here and on the device thread, which compiles."""
-        for name, value in self._recompile_limits.items():
-            setattr(torch._dynamo.config, name, value)
+        # set here and on the device thread, which compiles (dynamo's config is per thread)
+        self._recompile_limits = recompile_limits(bucket_count * len(self.batch_sizes))
+        apply_recompile_limits(self._recompile_limits)
 
     # ---- read-only views -------------------------------------------------------------------
     def spec(self, model_id: str) -> ModelSpec:
@@ -158,12 +149,10 @@ class Engine:
         sizes used must still be warm (``warmup``) before a request batches at them."""
         self.batch_sizes = batch_sizes(max_batch if self.lockstep is None else 1)
 
-    def shape_key(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidance_scale: float,
+    @staticmethod
+    def shape_key(spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidance_scale: float,
                   images: int = 1) -> ShapeKey:
-        """The static shape a call runs at: the transformer's batch, ``images`` per call, doubled
-        where the model's classifier-free guidance doubles the batch (another graph)."""
-        batch = images * (2 if spec.cfg_doubles_batch and guidance_scale > 1.0 else 1)
-        return ShapeKey(spec.id, mode.value, str(bucket), batch)
+        return shape_key(spec, mode, bucket, guidance_scale, images)
 
     def bucket_status(self, key: ShapeKey) -> BucketStatus:
         return self.book.snapshot(key)
@@ -187,7 +176,7 @@ class Engine:
         def run() -> Any:
             self._busy.set()
             try:
-                self._apply_recompile_limits()
+                apply_recompile_limits(self._recompile_limits)
                 return job()
             finally:
                 self._busy.clear()
@@ -209,20 +198,9 @@ class Engine:
         generation that asks for the model loads it.
         """
         spec = self.spec(model_id)
-        results = []
         # every bucket at batch 1 first: a bucket is usable at all before its larger batches warm
         shapes = [(bucket, images) for images in self.batch_sizes for bucket in buckets or spec.buckets]
-        for bucket, images in shapes:
-            if (stop is not None and stop.is_set()) or self._closing.is_set():
-                break
-            key = self.shape_key(spec, mode, bucket, spec.default_guidance, images)
-            status = self.submit(lambda b=bucket, k=key, n=images: self._warm_bucket(
-                spec, mode, b, k, may_evict, n)).result()
-            if status is None:
-                log.info("warmup of %s %s skipped: it would free a loaded model", model_id, mode.value)
-                break
-            results.append(status)
-        return results
+        return self._warmer.warm(spec, mode, shapes, stop, may_evict)
 
     def warm_shape(self, model_id: str, mode: ExecutionMode, bucket: Bucket, guidance_scale: float) -> BucketStatus:
         """Warm the one shape a request with this guidance runs at (blocking); its status after.
@@ -230,7 +208,7 @@ class Engine:
         Part of a generation (compare modes), so it may load the model like a request does."""
         spec = self.spec(model_id)
         key = self.shape_key(spec, mode, bucket, guidance_scale)
-        return self.submit(lambda: self._warm_bucket(spec, mode, bucket, key, True)).result()
+        return self.submit(lambda: self._warmer.warm_bucket(spec, mode, bucket, key, True)).result()
 
     def warmup_in_background(self, model_id: str, mode: ExecutionMode, buckets: tuple[Bucket, ...] | None = None,
                              may_evict: bool = True) -> threading.Thread:
@@ -238,11 +216,12 @@ class Engine:
         running, asking again returns that one. Background warmups run one at a time, and each
         bucket is its own device job, so a request waits for at most one bucket's warmup."""
         self.spec(model_id)  # unknown model: EngineError here, not in the thread
-        return self._warmup_lane.start(model_id, mode, lambda: self.warmup(model_id, mode, buckets, may_evict=may_evict))
+        return self._warmer.in_background(model_id, mode,
+                                          lambda: self.warmup(model_id, mode, buckets, may_evict=may_evict))
 
     def pending_warmups(self) -> list[tuple[str, str]]:
         """(model, mode) of every background warmup pending or running."""
-        return self._warmup_lane.pending()
+        return self._warmer.pending()
 
     def generate(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
         """Run a validated request; yields Compiling, StepProgress, ImageResult and Stopped events.
@@ -355,28 +334,6 @@ class Engine:
         """Models a running or queued request needs."""
         with self._in_use_lock:
             return set(self._in_use)
-
-    def _warm_bucket(self, spec: ModelSpec, mode: ExecutionMode, bucket: Bucket, key: ShapeKey,
-                     may_evict: bool = True, images: int = 1) -> BucketStatus | None:
-        """Warm one bucket (device thread); None when that would free a model it may not free."""
-        if self.book.is_warm(key):
-            return self.book.snapshot(key)
-        keep = frozenset(self.pool.loaded_ids() if not may_evict else self.models_in_use())
-        if not self.pool.fits_keeping(spec, keep):
-            return None
-        try:
-            loaded = self.pool.load(spec, keep)
-            # a guidance that runs at the key's batch size: the model's default, else one that (does not) double it
-            default_key = self.shape_key(spec, mode, bucket, spec.default_guidance, images)
-            guidance = spec.default_guidance if default_key == key else (2.0 if key.batch == 2 * images else 1.0)
-            steps = max(spec.min_steps, min(self.config.warmup_steps, spec.max_steps))
-            observer = StepObserver.silent(steps, bucket, self.previews(loaded, bucket, 0))
-            self.book.compile_phase(key, lambda: self.call_pipeline(
-                loaded, mode, ["warmup"] * images, bucket, steps, guidance, list(range(images)), observer))
-        except Exception as error:  # noqa: BLE001 - a failed bucket must not stop the others
-            status = self.book.mark_failed(key, user_message(error))
-            log.warning("warmup of %s %s %s failed: %s", spec.id, mode.value, bucket, status.error)
-        return self.book.snapshot(key)
 
     def _run_next_call(self) -> None:
         """One device job: one pipeline call from the waiting images (nothing if none wait)."""
