@@ -2,11 +2,13 @@
 
 The real architectures are built on the ``meta`` device (no weights) and counted; the counts
 must agree with the catalog's sizes, which drive every placement decision. The placement and
-transfer tables of docs/models.md must equal what the code computes. The resident placement
+transfer tables of docs/placements.md must equal what the code computes. The resident placement
 (transformer and VAE on the device, text encoders on the host, cached embeddings) must give
 the image the whole placement gives, and a repeated prompt must not run the encoders.
 """
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,11 @@ from conftest import engine_images
 from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS, Placement
 from tpu_demo.device import DeviceInfo
 from tpu_demo.models.placement import choose_placement
-from tpu_demo.models.placement_plan import (embedding_mb, per_chip_gb, placement_table, plan_placement,
-                                            transfer_table, weight_gb_moved_per_request)
+from tpu_demo.models.placement_plan import (Serving, embedding_mb, per_chip_gb, placement_table, plan_placement,
+                                            plan_serving, transfer_table, weight_gb_moved_per_request)
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "models.md"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "placements.md"
 REAL_SPECS = [CATALOG[model_id] for model_id in REAL_MODEL_IDS]
 
 
@@ -48,9 +51,33 @@ def test_published_parameter_counts():
 
 
 def test_placement_and_transfer_tables_in_the_docs_are_the_computed_ones():
+    """docs/placements.md is generated (scripts/placements_doc.py); no other page keeps its own copy."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from placements_doc import render
+
     text = DOCS.read_text()
-    assert placement_table(REAL_SPECS) in text
-    assert transfer_table(REAL_SPECS) in text
+    assert text == render(), "docs/placements.md is stale: run python scripts/placements_doc.py"
+    assert placement_table(REAL_SPECS) in text and transfer_table(REAL_SPECS) in text
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    for page in pages:
+        if page == DOCS:
+            continue
+        body = page.read_text()
+        # a placement table (rows per chip, or a column of placements) typed by hand drifts: link instead
+        assert not re.search(r"^\| *(v5e|v6e|v5p) \(", body, re.M), page
+        assert "placement on one TPU" not in body, page
+        for phrase in ("with model CPU offload; 2 chips", "1 chip (offload) or 2"):
+            assert phrase not in body, (page, phrase)
+
+
+def test_docs_download_commands_are_the_catalogs():
+    """The recipe works as written: the `hf` command huggingface_hub 2.x installs, with the
+    catalog's patterns (the app's own message and the k8s manifests use the same)."""
+    text = (REPO / "docs" / "models.md").read_text()
+    for spec in REAL_SPECS:
+        assert spec.download_command in text, spec.download_command
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        assert "huggingface-cli" not in page.read_text(), page
 
 
 def test_placements_per_chip():
@@ -66,6 +93,10 @@ def test_placements_per_chip():
     assert plan["flux.2-dev", "v6e", 8] is Placement.TENSOR_PARALLEL  # the source document's 8 chips
     assert plan["flux.2-dev", "v6e", 4] is None
     assert plan["flux.2-dev", "v5p", 1] is Placement.RESIDENT  # 64 GB transformer, Mistral on the host
+    # a model that fits one chip runs one engine per chip; one that does not is sharded over all of them
+    assert plan_serving(CATALOG["flux.1-schnell"], 32, 4) == Serving(Placement.RESIDENT, engines=4, chips_per_engine=1)
+    assert plan_serving(CATALOG["sd3.5-medium"], 32, 8) == Serving(Placement.WHOLE, engines=8, chips_per_engine=1)
+    assert plan_serving(CATALOG["flux.2-dev"], 32, 8) == Serving(Placement.TENSOR_PARALLEL, 1, 8)
 
 
 def test_automatic_choice_prefers_resident_to_offload():

@@ -1,6 +1,6 @@
 """The TPU branches, run for real under a recording stand-in of torch-tpu (tests/tpu_standin.py).
 
-One test per case of the source document (shared/seed/google-tpu.en.md) asserts the exact calls
+One test per case of the source document (diffusers' Google TPU page; docs/tpu-guide.md) asserts the exact calls
 a TPU run makes, on real tiny pipelines that produce real images on the CPU: eager with CPU
 offload (FLUX.1-schnell), optimized eager, compiled whole (SD3.5 Medium), compiled under offload
 (repeated blocks), tensor parallelism (FLUX.2-dev) and the compile-cache environment. The

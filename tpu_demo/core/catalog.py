@@ -99,7 +99,7 @@ class ModelSpec:
     def download_command(self) -> str | None:
         """The one command that puts this model's weights in the local hub cache (None: nothing to fetch).
 
-        huggingface_hub 2.x ships only the ``hf`` command (``huggingface-cli`` is gone)."""
+        huggingface_hub 2.x ships only the ``hf`` command; the older CLI name no longer exists."""
         if self.hub_repo is None:
             return None
         token = "HF_TOKEN=... " if "gated" in self.license_note else ""

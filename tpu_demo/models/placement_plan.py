@@ -1,13 +1,16 @@
 """Which placement fits which chips, and how many weight bytes each placement moves per request.
 
 Pure arithmetic on the catalog's per-component sizes (checked against the real architectures by
-``models/sizing.py``), so the placement table in docs/models.md is computed, not typed, and a
+``models/sizing.py``), so the placement tables of docs/placements.md are computed, not typed, and a
 test keeps the two equal. Preference order on one chip: everything resident (whole), then the
-denoiser and VAE resident with the text encoders on the host (resident), then CPU offload; over
-several chips (one process per chip) tensor parallelism, when each chip's share fits.
+denoiser and VAE resident with the text encoders on the host (resident), then CPU offload; a
+host's chips then each run one engine. A model no single chip holds is sharded over the chips
+(tensor parallelism), when each chip's share fits.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tpu_demo.core.architectures import ARCHITECTURES
 from tpu_demo.core.catalog import ModelSpec, Placement
@@ -67,41 +70,64 @@ def weight_gb_moved_per_request(spec: ModelSpec, placement: Placement) -> float:
     return 2 * spec.total_gb if placement is Placement.OFFLOAD else 0.0
 
 
-def plan_placement(spec: ModelSpec, chip_gb: float, chips: int = 1) -> Placement | None:
-    """The placement for ``spec`` on ``chips`` chips of ``chip_gb`` each; None when nothing fits.
+@dataclass(frozen=True)
+class Serving:
+    """How a host's chips serve one model: ``engines`` independent processes (one per chip,
+    behind a balancer) of ``chips_per_engine`` chips each (more than one: tensor parallel)."""
 
-    ``chips`` > 1 means one process per chip (scripts/serve_tp.sh): tensor parallelism where
-    the model supports it and each chip's share fits, else the one-chip choice of rank 0.
+    placement: Placement
+    engines: int
+    chips_per_engine: int
+
+    def describe(self) -> str:
+        if self.chips_per_engine > 1:
+            return f"{self.placement.value} over {self.chips_per_engine} chips"
+        return self.placement.value if self.engines == 1 else f"{self.placement.value}, one engine per chip"
+
+
+def plan_serving(spec: ModelSpec, chip_gb: float, chips: int = 1) -> Serving | None:
+    """How ``chips`` chips of ``chip_gb`` each serve ``spec``; None when nothing fits.
+
+    A model that fits one chip (whole, else resident, else CPU offload) runs one engine per chip
+    (``python app.py --chips all``: every chip serves visitors, no collective between them);
+    one that does not is sharded over all the chips when the model supports it and each chip's
+    share fits (one tensor-parallel group, ``--chips all`` starts it through scripts/serve_tp.sh).
     """
     usable = chip_gb * MEMORY_HEADROOM
-    if chips > 1 and Placement.TENSOR_PARALLEL in spec.placements:
-        if per_chip_gb(spec, Placement.TENSOR_PARALLEL, chips) <= usable:
-            return Placement.TENSOR_PARALLEL
     for placement in (Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD):
         if placement in spec.placements and per_chip_gb(spec, placement) <= usable:
-            return placement
+            return Serving(placement, chips, 1)
+    if chips > 1 and Placement.TENSOR_PARALLEL in spec.placements:
+        if per_chip_gb(spec, Placement.TENSOR_PARALLEL, chips) <= usable:
+            return Serving(Placement.TENSOR_PARALLEL, 1, chips)
     return None
 
 
+def plan_placement(spec: ModelSpec, chip_gb: float, chips: int = 1) -> Placement | None:
+    """The placement each process gives ``spec`` on ``chips`` chips of ``chip_gb``; None when nothing fits."""
+    serving = plan_serving(spec, chip_gb, chips)
+    return None if serving is None else serving.placement
+
+
 def placement_table(specs: list[ModelSpec]) -> str:
-    """The markdown table of docs/models.md: one row per chip count, the placement each model gets
+    """The markdown table of docs/placements.md: one row per chip count, how each model is served
     and the GB of weights it moves per request (CPU offload only)."""
     lines = ["| chips | " + " | ".join(spec.id for spec in specs) + " |", "|---" * (len(specs) + 1) + "|"]
     for chip, chip_gb in TPU_CHIPS.items():
         for count in CHIP_COUNTS:
             cells = []
             for spec in specs:
-                placement = plan_placement(spec, chip_gb, count)
-                moved = weight_gb_moved_per_request(spec, placement) if placement else 0.0
-                cells.append("does not fit" if placement is None else
-                             f"{placement.value}, {moved:.0f} GB moved" if moved else placement.value)
+                serving = plan_serving(spec, chip_gb, count)
+                moved = weight_gb_moved_per_request(spec, serving.placement) if serving else 0.0
+                cells.append("does not fit" if serving is None else
+                             f"{serving.describe()}, {moved:.0f} GB moved" if moved else serving.describe())
             lines.append(f"| {chip} ({chip_gb:.0f} GB) x {count} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def transfer_table(specs: list[ModelSpec]) -> str:
     """Per model and single-chip placement: what one request moves between host and chip, and on
-    which chips that placement fits (markdown, for docs/models.md)."""
+    which chips that placement fits (markdown, for docs/placements.md)."""
     lines = ["| model | placement | moved per request | " + " | ".join(
         f"fits one {chip} ({gb:.0f} GB)" for chip, gb in TPU_CHIPS.items()) + " |", "|---" * (3 + len(TPU_CHIPS)) + "|"]
     for spec in specs:
