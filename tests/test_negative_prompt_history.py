@@ -49,7 +49,7 @@ def test_negative_prompt_changes_the_image_and_reuse_restores_it(launch_app):
     [negative], _ = client.predict(**{**fields, "negative_prompt": "blurry"}, api_name="/generate")
     pixels = [np.asarray(Image.open(item["image"]), dtype=np.int16) for item in (plain, negative)]
     assert np.abs(pixels[0] - pixels[1]).max() > 0
-    restored = app.ui.restore_settings(negative["image"], "eager")
+    restored = app.ui.restore.restore_settings(negative["image"], "eager")
     assert restored[0] == fields["prompt"] and restored[-1]["value"] == "blurry" and restored[-1]["visible"]
 
 

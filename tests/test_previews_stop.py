@@ -144,7 +144,7 @@ def test_png_settings_round_trip_and_restore(launch_app):
     assert parameters.startswith(fields["prompt"] + "\nSteps: 3, ")
     assert "Seed: 1234" in parameters and "Size: 96x64" in parameters and "Model: tiny-flux" in parameters
     # dropping the PNG on the page fills every control from it
-    restored = app.ui.restore_settings(item["image"], "compiled")
+    restored = app.ui.restore.restore_settings(item["image"], "compiled")
     prompt, model, mode, resolution, steps, guidance, seed, randomize = restored[:8]
     assert (prompt, model, mode, seed, randomize) == (fields["prompt"], "tiny-flux", "eager", 1234, False)
     assert resolution["value"] == "96x64" and steps["value"] == 3 and guidance["value"] == 0.0

@@ -2,35 +2,35 @@
 
 This layer knows nothing of torch. It validates raw inputs with ``validate_request`` (the same
 check every API caller gets), hands the request to the engine, and turns engine events into
-gallery updates, progress and messages.
+gallery updates, progress and messages. Restoring settings from a PNG: ``web/restore.py``.
 """
 
 from __future__ import annotations
 
 import html
 import random
-from pathlib import Path
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import gradio as gr
 
-from tpu_demo.core import pngmeta
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
-from tpu_demo.core.events import BucketState, Compiling, ImageResult, StepProgress, Stopped
+from tpu_demo.core.events import BucketState, Compiling, ImageResult, Loading, StepProgress, Stopped
 from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
+from tpu_demo.core.vocabulary import load_vocabulary, vocabulary_note
 from tpu_demo.web.admission import WarmupThrottle
-from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html
+from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html, user_error
+from tpu_demo.web.restore import SettingsRestore
 from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
 from tpu_demo.web.supervision import RequestSupervisor
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
 
-__all__ = ["MAX_ARMED_SESSIONS", "PageHandlers", "UiSettings"]
+__all__ = ["MAX_ARMED_SESSIONS", "PageHandlers", "UiSettings", "user_error"]
 
 
 @dataclass(frozen=True)
@@ -69,19 +69,6 @@ def example_prompts(spec: ModelSpec) -> list[str]:
     return [text for text, _ in example_rows(spec)]
 
 
-def read_png_settings(path: str | Path | None) -> dict | None:
-    """Settings from a PNG file that Gradio handed us (its own cache), or None; bounded, never decoded.
-
-    Raises pngmeta.PngRejected (the reason, for the user) for a file past the size limits.
-    """
-    if not path:
-        return None
-    try:
-        return pngmeta.read_settings_file(str(path))
-    except OSError:
-        return None
-
-
 def _progress_text(event: StepProgress, images: int) -> str:
     """"image 2/4 · step 3/8 · ETA 1.2 s image, 5.0 s request" from the measured step time."""
     per_step = event.elapsed_seconds / max(event.step, 1)
@@ -98,12 +85,6 @@ def _caption(result: ImageResult) -> str:
             f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}")
 
 
-def user_error(message: str, title: str) -> gr.Error:
-    """An error for the user's modal and API callers: Gradio renders its text as HTML, and it can quote
-    what the caller sent, so markup is escaped; the operator log has its own line (no stack trace)."""
-    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
-
-
 class PageHandlers:
     """The handlers of one page around one engine; holds each session's Stop flag."""
 
@@ -117,6 +98,8 @@ class PageHandlers:
         #: queue events whose request has reached the device (the engine sent its first event)
         self._reached: set[str] = set()
         self._reached_lock = threading.Lock()
+        #: "Reuse settings" and a dropped PNG (web/restore.py)
+        self.restore = SettingsRestore(settings.limits, settings.start_model, self._checked, self._model_controls)
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
@@ -151,7 +134,9 @@ class PageHandlers:
                     with self._reached_lock:
                         self._reached.add(queued.event_id)
                 run.observe(event)
-                if isinstance(event, Compiling):
+                if isinstance(event, Loading):
+                    progress(0, desc=event.text)
+                elif isinstance(event, Compiling):
                     progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
                                      "(first time, may take minutes on TPU)")
                 elif isinstance(event, StepProgress):
@@ -230,45 +215,6 @@ class PageHandlers:
             self.details_markdown(spec.id, mode),
         )
 
-    def restore_settings(self, image_path: Any, mode: Any):
-        """Fill the controls from a PNG this app made (gallery selection or a dropped file).
-
-        The settings are checked as a generation would check them: a PNG edited by hand cannot
-        put values in the controls that Generate would refuse.
-        """
-        _, mode = self._checked(self.settings.start_model, mode)
-        try:
-            settings = read_png_settings(image_path if isinstance(image_path, str) else None)
-        except pngmeta.PngRejected as error:
-            raise user_error(f"image: {error}", "Invalid input") from None
-        if settings is None:
-            gr.Warning("This image carries no settings from this app.")
-            return (gr.skip(),) * 11
-        try:
-            checked = validate_request({"mode": mode.value, **settings}, self.settings.limits)
-        except RequestError as error:
-            gr.Warning(f"The image's settings are not served here ({error}).")
-            return (gr.skip(),) * 11
-        spec = self.engine.spec(checked.model)
-        restored = self._model_controls(spec, checked.resolution, checked.num_inference_steps,
-                                        checked.guidance_scale, checked.mode.value)
-        gr.Info("Settings restored from the image.")
-        negative = gr.update(value=checked.negative_prompt, visible=spec.negative_prompt)
-        return (checked.prompt, checked.model, checked.mode.value, *restored[:3], checked.seed, False,
-                *restored[3:], negative)
-
-    def restore_from_gallery(self, gallery: Any, selected: Any, mode: Any):
-        if not isinstance(gallery, list) or not isinstance(selected, int) or not 0 <= selected < len(gallery):
-            gr.Warning("Select an image in the gallery first.")
-            return (gr.skip(),) * 11
-        item = gallery[selected]
-        path = item[0] if isinstance(item, (list, tuple)) and item else item
-        return self.restore_settings(path, mode)
-
-    @staticmethod
-    def remember_selection(event: gr.SelectData) -> int:
-        return event.index
-
     def switch_mode(self, model_id: Any, mode: Any, request: gr.Request = None):
         spec, mode = self._checked(model_id, mode)
         self._warm(spec.id, mode, request)
@@ -292,6 +238,8 @@ class PageHandlers:
             seconds = f"{b.compile_seconds:.2f}" if b.compile_seconds is not None else "\u2013"
             state = icons[b.state] + (f": {html.escape(b.error)}" if b.error else "")
             lines.append(f"| {b.resolution} | {b.mode} | {b.batch} | {state} | {seconds} | {b.compiles} | {cached[b.from_cache]} |")
+        if status.loading:  # a model switch (or --warm all) is reading weights now
+            lines.insert(0, f"**{html.escape(status.loading)}**\n")
         busy = "busy" if status.busy else "idle"
         cfg = " (\u00d72 with classifier-free guidance)" if spec.cfg_doubles_batch else ""
         lines.append(f"\nbatch = images per call{cfg}, up to {self.engine.max_batch} images \u00b7 {status.device} "
@@ -355,6 +303,18 @@ class PageHandlers:
                 f"<div class='demo-chips'>{chip(f'device device-{device.kind}', 'device', device.badge)}"
                 f"{chip('model', 'model', spec.title, spec.id)}"
                 f"{chip('placement', 'placement', placement.split(':')[0], placement)}</div></div>")
+
+    def vocabulary_line(self, prompt: Any, model_id: Any) -> Any:
+        """The line under the prompt naming the words the model cannot read (hidden when none, or
+        when the model declares no vocabulary); the generation itself is never refused for it."""
+        try:
+            spec = self.engine.spec(check_model(model_id, self.settings.limits).id)
+        except RequestError:
+            return gr.update(value="", visible=False)
+        text = prompt if isinstance(prompt, str) else ""
+        note = vocabulary_note(load_vocabulary(spec.vocabulary_path) if spec.vocabulary_path else None,
+                               spec.short_title or spec.title, text[: self.settings.limits.max_prompt_chars])
+        return gr.update(value=html.escape(note), visible=bool(note))
 
     def details_markdown(self, model_id: str, mode: str) -> str:
         placement = self.engine.placement_description(model_id)

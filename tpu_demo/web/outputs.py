@@ -72,3 +72,9 @@ def preview_html(image: Image.Image, caption: str) -> str:
     text = html.escape(caption)
     return (f'<figure class="live-preview"><img src="data:image/png;base64,{data}" alt="{text}" '
             f'style="aspect-ratio: {image.width} / {image.height}"><figcaption>{text}</figcaption></figure>')
+
+
+def user_error(message: str, title: str) -> gr.Error:
+    """An error for the user's modal and API callers: Gradio renders its text as HTML, and it can quote
+    what the caller sent, so markup is escaped; the operator log has its own line (no stack trace)."""
+    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)

@@ -39,6 +39,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                 prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
                                     placeholder="Describe the image, then press Enter",
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
+                # words outside the model's declared vocabulary (tiny-shapes declares one), if any
+                vocabulary = gr.Markdown("", visible=False, elem_id="vocabulary-note")
                 with gr.Row(elem_id="actions"):
                     generate_button = gr.Button("Generate", variant="primary", scale=3, elem_id="generate")
                     compare_button = gr.Button("Compare modes", variant="secondary", scale=2, min_width=120,
@@ -123,6 +125,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
         )
         comparison.success(history.add, [compare_gallery], [history_view], api_visibility="private", queue=False)
+        gr.on([prompt.change, model.change], handlers.vocabulary_line, [prompt, model], [vocabulary],
+              api_visibility="private", queue=False, trigger_mode="always_last", show_progress="hidden")
         model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),
                     [model], [negative_prompt], api_visibility="private", queue=False)
         timer.tick(lambda model_id, seen: chart.refresh(handlers.engine.recent, model_id, seen), [model, chart_seen],
@@ -134,10 +138,10 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
                     api_visibility="private", queue=False)
         restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt]
-        gallery.select(handlers.remember_selection, None, [selected], api_visibility="private", queue=False)
-        reuse_button.click(handlers.restore_from_gallery, [gallery, selected, mode], restored,
+        gallery.select(handlers.restore.remember_selection, None, [selected], api_visibility="private", queue=False)
+        reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored,
                            api_visibility="private", queue=False)
-        dropped.upload(handlers.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
+        dropped.upload(handlers.restore.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
         mode.change(handlers.switch_mode, [model, mode], [details], api_visibility="private", queue=False)
         timer.tick(handlers.bucket_table, [model, mode], [status], api_visibility="private", queue=False,
                    show_progress="hidden")
