@@ -3,7 +3,8 @@
 Layers, lowest first: ``core`` (plain data) -> ``device`` -> ``models`` -> ``distributed`` -> ``engine``;
 ``web`` (Gradio) sits beside the engine and talks to it through ``core`` types only; ``launch``
 wires everything. Imports only go down, there is no cycle (function-level imports included),
-only ``device.py`` touches torch-tpu, and the runtime never imports the training package.
+only ``device.py`` touches torch-tpu, the runtime never imports the training package, and no module
+is over 350 lines.
 """
 
 from __future__ import annotations
@@ -143,3 +144,14 @@ def test_compile_cache_is_importable_before_torch():
     """app.py points the compile caches at their directory before torch (and torch-tpu) initialise."""
     modules = _modules_after_import("tpu_demo.engine.compile_cache, tpu_demo.launch.config")
     assert "torch" not in modules
+
+
+#: lines a module under tpu_demo/ may have: past it a module does more than one job (split it by job)
+MAX_MODULE_LINES = 350
+
+
+def test_every_module_fits_its_job():
+    """No module under tpu_demo/ is over MAX_MODULE_LINES lines."""
+    long = {str(path.relative_to(ROOT)): lines for path in PACKAGE.rglob("*.py")
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
