@@ -16,9 +16,18 @@ import torch  # noqa: E402
 
 import tpu_demo  # noqa: E402,F401 - applies the offline environment defaults
 import app_runner  # noqa: E402
+import quick_tier  # noqa: E402
 from app_runner import free_port, stop_app  # noqa: E402,F401 - tests import them from here
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread; keeps the other core for servers
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark the quick tier's tests (tests/quick_tier.py) ``quick``."""
+    for item in items:
+        if quick_tier.selects(item.nodeid):
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture(scope="session")
