@@ -1,6 +1,10 @@
 """The README's promise on a fresh machine: a new virtual environment (nothing from this machine's
 site-packages) with only the requirement files installed runs the app, the launcher and every
-import the project and its tests make. (``.ci/run`` runs the whole suite in such a venv too.)"""
+import the project and its tests make.
+
+``.ci/run`` runs the whole suite in such a venv and names it in ``CI_FRESH_VENV``: there these
+tests use that venv (the interpreter running them) instead of installing every requirement a second
+time. Anywhere else they make their own."""
 
 import ast
 import json
@@ -35,8 +39,22 @@ def third_party_imports() -> set[str]:
     return {name for name in names if name not in sys.stdlib_module_names and name not in local}
 
 
+def _ci_venv() -> Path | None:
+    """This interpreter, when it runs in the venv ``.ci/run`` made: new, no system site-packages, only
+    the requirement files installed by the README's test command."""
+    named = os.environ.get("CI_FRESH_VENV")
+    if not named or Path(named).resolve() != Path(sys.prefix).resolve():
+        return None
+    config = (Path(sys.prefix) / "pyvenv.cfg").read_text()
+    assert "include-system-site-packages = false" in config, config
+    return Path(sys.executable)
+
+
 @pytest.fixture(scope="module")
 def fresh_venv(tmp_path_factory) -> Path:
+    if (ci := _ci_venv()) is not None:
+        print(f"fresh venv: .ci/run's own ({ci.parent.parent})")
+        return ci
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
