@@ -8,6 +8,9 @@ changes:
 
     python scripts/screenshot.py                       # assets/screenshot.png, light theme
     python scripts/screenshot.py --theme dark --out /tmp/dark.png
+    python scripts/screenshot.py --before-use --out assets/screenshot-first-use.png          # before any run
+    python scripts/screenshot.py --before-use --width 375 --height 812 --viewport-only \
+        --out assets/screenshot-first-use-phone.png                                        # a phone's first screen
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--height", type=int, default=900)
     parser.add_argument("--viewport-only", action="store_true", help="capture only the first screen, not the page")
     parser.add_argument("--no-compare", action="store_true", help="skip Compare modes before the shot")
+    parser.add_argument("--before-use", action="store_true", help="shoot the page as a visitor first sees it: no "
+                                                                   "prompt typed, nothing run")
     parser.add_argument("--cache-dir", default=None, help="the app's --cache-dir (default: the app's)")
     return parser.parse_args()
 
@@ -78,6 +83,10 @@ def main() -> None:
             blocked = guard_network(context)
             page = context.new_page()
             page.goto(url)
+            if args.before_use:
+                shoot(page, args)
+                browser.close()
+                return
             page.fill("#prompt textarea", prompt)
             page.click("#advanced button.label-wrap")  # open "Advanced" so the shot shows every control
             page.get_by_label("Randomize seed").uncheck()
@@ -93,16 +102,21 @@ def main() -> None:
                                        timeout=300_000)
                 page.wait_for_function("document.querySelectorAll('#speed-chart svg .mark-rect path').length >= 3",
                                        timeout=30_000)
-            page.wait_for_timeout(1500)  # one status-panel refresh and the progress bar gone
-            page.mouse.move(0, 0)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(args.out), full_page=not args.viewport_only)
+            shoot(page, args)
             browser.close()
         if blocked:
             raise SystemExit(f"the page requested non-loopback hosts: {blocked}")
         print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
     finally:
         stop_app(app)
+
+
+def shoot(page, args: argparse.Namespace) -> None:
+    page.wait_for_timeout(1500)  # one status-panel refresh and the progress bar gone
+    page.mouse.move(0, 0)
+    page.evaluate("document.activeElement && document.activeElement.blur()")  # no focus ring, no caret
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(args.out), full_page=not args.viewport_only)
 
 
 if __name__ == "__main__":

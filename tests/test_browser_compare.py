@@ -44,8 +44,8 @@ def test_compare_shows_three_images_speedups_and_the_chart(open_page):
     page.wait_for_function(f"document.querySelectorAll('{CHART_BARS}').length >= 3", timeout=10_000)
     heights = page.eval_on_selector_all(CHART_BARS, "bars => bars.map(b => b.getBBox().height)")
     assert all(height > 0 for height in heights)
-    # the results joined this visit's history, newest first
-    page.wait_for_function("document.querySelectorAll('#history .grid-container img').length === 3")
+    # the results are on show: the history (earlier runs only) stays hidden until a newer comparison
+    assert not page.locator("#history").is_visible()
     # About this server: versions, backend, cache state and models, no file paths
     page.click("#about button.label-wrap")
     page.wait_for_function("document.querySelector('#about-facts').innerText.includes('Compile cache')")
@@ -61,15 +61,18 @@ def test_compare_shows_three_images_speedups_and_the_chart(open_page):
 def test_phone_shows_results_first_without_sideways_scroll(open_page, color_scheme):
     page, blocked, errors = open_page(width=375, height=812, color_scheme=color_scheme)
     top = lambda selector: page.eval_on_selector(selector, "e => e.getBoundingClientRect().top")  # noqa: E731
-    # the result comes right after the prompt and the buttons, the settings after it
-    for selector in ("#gallery", "#comparison", "#model"):
+    # before first use: the prompt, the buttons and the examples, then the comparison's invitation, the
+    # settings after it (the empty gallery takes no room: test_accessibility.py)
+    for selector in ("#examples", "#comparison", "#model"):
         page.wait_for_selector(selector)
-    assert top("#prompt") < top("#generate") < top("#gallery") < top("#comparison") < top("#model")
-    assert top("#compare") < top("#gallery")
+    assert top("#prompt") < top("#generate") < top("#examples") < top("#comparison") < top("#model")
     compare(page)
     page.fill("#prompt textarea", "a small blue square at the top left")
     page.click("#generate")
     wait_for_gallery_images(page, 2)
+    # the result comes right after the prompt, the buttons and the examples, the settings after it
+    assert top("#examples") < top("#gallery") < top("#comparison") < top("#model")
+    assert top("#compare") < top("#gallery")
     page.wait_for_timeout(1500)  # chart and bucket table refreshed
     width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert width[0] <= width[1], f"horizontal scroll at 375 px: scrollWidth {width[0]} > clientWidth {width[1]}"
@@ -106,13 +109,15 @@ def test_history_is_freed_when_the_tab_closes(browser, cache_dir):
         guard_network(context)
         page = context.new_page()
         page.goto(url)
-        page.fill("#prompt textarea", "a red circle on a white background")
-        page.click("#generate")
-        wait_for_gallery_images(page, 2)
+        for prompt in ("a red circle on a white background", "a small blue square at the top left"):
+            page.fill("#prompt textarea", prompt)
+            page.click("#generate")
+            wait_for_gallery_images(page, 2)  # (the second run: its success fills the history below)
+        # the history shows the first run (earlier runs only) and keeps both runs' files
         page.wait_for_function("document.querySelectorAll('#history .grid-container img').length === 2")
         assert app.history.sessions() == 1
         [folder] = [path for path in Path(app.history.root).iterdir()]
-        assert len(list(folder.iterdir())) == 2
+        assert len(list(folder.iterdir())) == 4
         context.close()
         deadline = time.monotonic() + 30
         while app.history.sessions() and time.monotonic() < deadline:

@@ -82,3 +82,17 @@ def test_history_is_newest_first_bounded_and_freed(tmp_path):
     assert [f.exists() for f in folders] == [False, True, True] and history.sessions() == 2
     history.close()
     assert not history.root.exists()
+
+
+def test_history_view_shows_earlier_runs_only(tmp_path):
+    """The run in the gallery and the comparison on show are kept but left out of the view until replaced."""
+    history = SessionHistory()
+    visitor = SimpleNamespace(session_hash="visitor")
+    assert history.after_generate([(_png(tmp_path, "a"), "run 1")], visitor) == []  # it is in the gallery
+    assert history.after_compare([(_png(tmp_path, "c"), "compare 1")], visitor) == []  # in the comparison
+    view = history.after_generate([(_png(tmp_path, "b"), "run 2")], visitor)
+    assert [caption for _, caption in view] == ["run 1"]
+    view = history.after_compare([(_png(tmp_path, "d"), "compare 2")], visitor)
+    assert [caption for _, caption in view] == ["compare 1", "run 1"]  # newest first
+    assert len(history.add([], visitor)) == 4  # every copy is kept
+    history.close()

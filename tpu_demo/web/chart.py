@@ -1,11 +1,14 @@
 """The speed chart: measured seconds per image by mode and bucket, from this server's recent warm runs.
 
 Requests and comparisons both feed it (the engine records every warm image); the page asks for
-a new frame on its status timer and gets one only when something finished since.
+a new frame on its status timer and gets one only when something finished since. The chart takes
+no room until it has a bar, and its figures are also a table (``figures_html``): the text
+alternative to the drawing, for screen readers and anyone who wants the numbers.
 """
 
 from __future__ import annotations
 
+import html
 from statistics import median
 from typing import Any, Sequence
 
@@ -37,11 +40,27 @@ def speed_frame(runs: Sequence[TimedRun], model_id: str) -> pd.DataFrame:
                                                       "images": int})
 
 
+def figures_html(frame: pd.DataFrame) -> str:
+    """The chart's figures as a table under a native disclosure (keyboard and screen-reader friendly); "" when empty."""
+    if frame.empty:
+        return ""
+    rows = "".join(f"<tr><th scope='row'>{html.escape(row['shape'])}</th><td>{html.escape(row['mode'])}</td>"
+                   f"<td>{row['seconds per image']:.4f}</td><td>{int(row['images'])}</td></tr>"
+                   for row in frame.to_dict("records"))
+    return ("<details class='speed-figures'><summary>The chart's figures as a table</summary><table>"
+            "<caption>Speed on this server: median seconds per image of warm runs</caption><thead><tr>"
+            "<th scope='col'>mode, bucket \u00b7 steps</th><th scope='col'>mode</th>"
+            "<th scope='col'>s per image (warm median)</th><th scope='col'>images</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></details>")
+
+
 def speed_plot(runs: RecentRuns, model_id: str) -> gr.BarPlot:
     # one colour: Gradio 6.31 fixes a colour scale's domain at the first frame, often still empty here
     # "-x": strict, optimized, compiled (the labels' reverse alphabet); a data-dependent order would be
     # fixed by the browser at the first frame, like the colours
-    return gr.BarPlot(speed_frame(runs.snapshot(), model_id), x="shape", y="seconds per image", sort="-x",
+    frame = speed_frame(runs.snapshot(), model_id)
+    # hidden (not in the page) while empty: an empty chart is a box with axes and nothing to read
+    return gr.BarPlot(frame, visible=not frame.empty, x="shape", y="seconds per image", sort="-x",
                       y_lim=[0, None], x_title="mode, bucket \u00b7 steps",
                       y_title="s per image (warm median)", x_label_angle=-25, height=300,
                       tooltip=["mode", "seconds per image", "images"], label="Speed on this server",
@@ -49,9 +68,10 @@ def speed_plot(runs: RecentRuns, model_id: str) -> gr.BarPlot:
                       elem_id="speed-chart")
 
 
-def refresh(runs: RecentRuns, model_id: str, seen: Any) -> tuple[Any, Any]:
-    """(new chart value, new seen marker), or skips when nothing finished and the model is the same."""
+def refresh(runs: RecentRuns, model_id: str, seen: Any) -> tuple[Any, Any, Any]:
+    """(chart update, figures table, new seen marker), or skips when nothing finished and the model is the same."""
     marker = (model_id, runs.version)
     if marker == seen:
-        return gr.skip(), gr.skip()
-    return speed_frame(runs.snapshot(), model_id), marker
+        return gr.skip(), gr.skip(), gr.skip()
+    frame = speed_frame(runs.snapshot(), model_id)
+    return gr.update(value=frame, visible=not frame.empty), figures_html(frame), marker

@@ -70,10 +70,12 @@ def summary_html(comparison: Comparison) -> str:
         titles = " and ".join(ExecutionMode(mode).title for mode in group)
         notes.append(f"<strong>Same code here:</strong> on this device {titles} run identical code (plain "
                      "eager; operation fusion is torch-tpu's), so their difference is measurement noise.")
-    return ("<div class='compare-summary'><table><thead><tr><th scope='col'>mode</th><th scope='col'>denoise s"
+    # the table scrolls sideways inside a focusable region on a phone (keyboard users can scroll it too)
+    return ("<div class='compare-summary'><div class='table-scroll' role='region' tabindex='0' aria-label="
+            "'Comparison figures'><table><thead><tr><th scope='col'>mode</th><th scope='col'>denoise s"
             "</th><th scope='col'>steps/s</th><th scope='col'>speedup vs strict eager</th><th scope='col'>bucket "
             "before</th><th scope='col'>max pixel diff</th></tr></thead><tbody>" + "".join(rows) +
-            "</tbody></table>" + "".join(f"<p class='compare-note'>{note}</p>" for note in notes) + "</div>")
+            "</tbody></table></div>" + "".join(f"<p class='compare-note'>{note}</p>" for note in notes) + "</div>")
 
 
 class CompareHandler:

@@ -4,6 +4,9 @@ Each browser session gets its own folder of copied PNGs (the generate and compar
 live in Gradio's cache, which is shared and cleaned by age). Bounded three ways: images per
 session, megabytes per session, and sessions kept (the oldest is dropped first). A session's
 folder is freed when its tab closes (``Blocks.unload``) and everything when the server stops.
+
+The page shows earlier runs only: the run in the gallery and the comparison on show are kept but
+left out of the view until a newer run replaces them (``after_generate``, ``after_compare``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class _Session:
     #: (path, caption), newest first
     items: list[tuple[str, str]] = field(default_factory=list)
     count: int = 0
+    #: the copies of what the page shows elsewhere now, by place ("gallery", "compare")
+    showing: dict[str, set[str]] = field(default_factory=dict)
 
 
 class SessionHistory:
@@ -38,11 +43,16 @@ class SessionHistory:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, gallery: list | None, request: gr.Request = None) -> list[tuple[str, str]]:
-        """Copy the finished images of ``gallery`` (previews skipped) in front of this session's history."""
+    def add(self, gallery: list | None, request: gr.Request = None, shown_in: str = "") -> list[tuple[str, str]]:
+        """Copy the finished images of ``gallery`` (previews skipped) in front of this session's history.
+
+        Returns every kept item, newest first; with ``shown_in``, those copies are what that place of the
+        page shows now (``earlier`` leaves them out).
+        """
         key = getattr(request, "session_hash", None) or "anonymous"
         with self._lock:
             session = self._session(key)
+            added: set[str] = set()
             for item in gallery or []:
                 path, caption = (item[0], item[1] or "") if isinstance(item, (list, tuple)) else (item, "")
                 if not path or caption.startswith("preview") or not Path(path).is_file():
@@ -51,8 +61,31 @@ class SessionHistory:
                 copy = session.directory / f"{session.count:05d}.png"
                 shutil.copyfile(path, copy)
                 session.items.insert(0, (str(copy), caption))
+                added.add(str(copy))
+            if shown_in:
+                session.showing[shown_in] = added
             self._trim(session)
             return list(session.items)
+
+    def earlier(self, request: gr.Request = None) -> list[tuple[str, str]]:
+        """This session's kept items that no other place of the page shows now, newest first."""
+        key = getattr(request, "session_hash", None) or "anonymous"
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is None:
+                return []
+            shown = set().union(*session.showing.values())
+            return [item for item in session.items if item[0] not in shown]
+
+    def after_generate(self, gallery: list | None, request: gr.Request = None) -> list[tuple[str, str]]:
+        """The page's history view once a generation succeeded (its images stay in the gallery, not here)."""
+        self.add(gallery, request, shown_in="gallery")
+        return self.earlier(request)
+
+    def after_compare(self, gallery: list | None, request: gr.Request = None) -> list[tuple[str, str]]:
+        """The page's history view once a comparison succeeded (its images stay in the comparison)."""
+        self.add(gallery, request, shown_in="compare")
+        return self.earlier(request)
 
     def drop(self, request: gr.Request = None) -> None:
         """The session ended: free its files."""

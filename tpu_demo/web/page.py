@@ -36,6 +36,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         header = gr.HTML(handlers.header_html(spec.id), elem_id="demo-header")
         with gr.Row(equal_height=False, elem_id="main-row"):
             with gr.Column(scale=2, min_width=300, elem_id="controls-column"):
+                # rendered below the examples, which set it: created first so they can name it
+                resolution = gr.Dropdown(label="Resolution", choices=handlers.resolution_choices(spec),
+                                         value=str(spec.buckets[0]), elem_id="resolution", render=False)
                 prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
                                     placeholder="Describe the image, then press Enter",
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
@@ -46,12 +49,13 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     compare_button = gr.Button("Compare modes", variant="secondary", scale=2, min_width=120,
                                                elem_id="compare")
                     stop_button = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
+                # right under the prompt, so a phone's first screen holds prompt, buttons and examples
+                example_list(spec, prompt, resolution)
                 model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
                                     value=spec.id, elem_id="model")
                 mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
                                 elem_id="mode")
-                resolution = gr.Dropdown(label="Resolution", choices=handlers.resolution_choices(spec),
-                                         value=str(spec.buckets[0]), elem_id="resolution")
+                resolution.render()
                 with gr.Accordion("Advanced", open=False, elem_id="advanced"):
                     negative_prompt = gr.Textbox("", label="Negative prompt", lines=1, max_lines=3,
                                                  placeholder="What the image should not show",
@@ -79,25 +83,20 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                                  type="filepath", columns=3, height="auto", object_fit="contain",
                                                  interactive=False, elem_id="compare-gallery")
                     compare_summary = gr.HTML(EMPTY_SUMMARY, elem_id="compare-summary")
-                    with gr.Accordion("Comparison figures (JSON)", open=False):
+                    with gr.Accordion("Comparison figures (JSON)", open=False, elem_id="compare-json"):
                         compare_figures = gr.JSON(label="figures", elem_id="compare-figures")
                 speed_plot = chart.speed_plot(handlers.engine.recent, spec.id)
+                speed_table = gr.HTML(chart.figures_html(chart.speed_frame(handlers.engine.recent.snapshot(), spec.id)),
+                                      elem_id="speed-figures")
                 chart_seen = gr.State(None)
                 history_view = history_gallery()
                 selected = gr.State(None)
-                with gr.Row():
-                    reuse_button = gr.Button("Reuse settings of the selected image", size="sm")
+                with gr.Row(elem_id="reuse-row"):
+                    reuse_button = gr.Button("Reuse settings of the selected image", size="sm", elem_id="reuse")
                 # a File, not an Image: Gradio's Image opens uploads with PIL; the PNG is read here
                 # from its chunk headers only (bounded size, never decoded: pngmeta.read_settings_file)
                 dropped = gr.File(label="Drop a PNG made here to restore its settings", type="filepath",
                                   file_types=[".png"], file_count="single", height=140, elem_id="restore-png")
-                examples = example_rows(spec)
-                if examples and all(size == str(spec.buckets[0]) for _, size in examples):
-                    gr.Examples(examples=[[text] for text, _ in examples], inputs=[prompt], label="Try",
-                                elem_id="examples")
-                elif examples:  # some examples are drawn at another bucket: they set the resolution too
-                    gr.Examples(examples=[list(row) for row in examples], inputs=[prompt, resolution], label="Try",
-                                elem_id="examples")
         with gr.Accordion("Buckets (static shapes) and warmup", open=True, elem_id="buckets"):
             status = gr.Markdown(handlers.bucket_table(spec.id, settings.start_mode.value), elem_id="bucket-status")
         with gr.Accordion("About this server", open=False, elem_id="about") as about_panel:
@@ -113,7 +112,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
-        generation.success(history.add, [gallery], [history_view], api_visibility="private", queue=False)
+        # the history shows earlier runs only: never the run in the gallery or in the comparison
+        generation.success(history.after_generate, [gallery], [history_view], api_visibility="private", queue=False)
         comparison = compare_button.click(
             handlers.arm_stop_and_pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
             api_visibility="private",
@@ -124,13 +124,14 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             # handler again; the engine's device thread still runs one pipeline call at a time
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
         )
-        comparison.success(history.add, [compare_gallery], [history_view], api_visibility="private", queue=False)
+        comparison.success(history.after_compare, [compare_gallery], [history_view], api_visibility="private",
+                           queue=False)
         gr.on([prompt.change, model.change], handlers.vocabulary_line, [prompt, model], [vocabulary],
               api_visibility="private", queue=False, trigger_mode="always_last", show_progress="hidden")
         model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),
                     [model], [negative_prompt], api_visibility="private", queue=False)
         timer.tick(lambda model_id, seen: chart.refresh(handlers.engine.recent, model_id, seen), [model, chart_seen],
-                   [speed_plot, chart_seen], api_visibility="private", queue=False, show_progress="hidden")
+                   [speed_plot, speed_table, chart_seen], api_visibility="private", queue=False, show_progress="hidden")
         about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], api_visibility="private",
                            queue=False)
         demo.unload(history.drop)
@@ -148,12 +149,25 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
     return demo
 
 
+def example_list(spec: Any, prompt: Any, resolution: Any) -> None:
+    """The model's example prompts ("Try"); those drawn at another bucket set the resolution too."""
+    examples = example_rows(spec)
+    if examples and all(size == str(spec.buckets[0]) for _, size in examples):
+        gr.Examples(examples=[[text] for text, _ in examples], inputs=[prompt], label="Try", elem_id="examples")
+    elif examples:
+        gr.Examples(examples=[list(row) for row in examples], inputs=[prompt, resolution], label="Try",
+                    elem_id="examples")
+
+
 def launch_kwargs() -> dict[str, Any]:
     """Theme and CSS (Gradio 6 takes them in ``launch``); built-in theme fonts are local."""
     css_path = ASSETS_DIR / "style.css"
     theme = gr.themes.Soft(font=[gr.themes.Font("ui-sans-serif"), "system-ui", "sans-serif"],
                            font_mono=[gr.themes.Font("ui-monospace"), "monospace"])
-    # the Soft theme's labels (primary 500 on primary 100) read at 3.6:1; primary 700 passes WCAG AA
-    theme = theme.set(block_label_text_color="*primary_700", block_title_text_color="*primary_700")
+    # WCAG AA (4.5:1), checked by axe-core in tests/test_accessibility.py: the Soft theme's labels (primary 500
+    # on primary 100) read at 3.6:1, its light subdued text (neutral 400: chip labels, table heads, the upload
+    # box's "or", the footer) at 2.5:1 and white on the selected radio (primary 500) at 4.46:1
+    theme = theme.set(block_label_text_color="*primary_700", block_title_text_color="*primary_700",
+                      body_text_color_subdued="*neutral_600", checkbox_label_background_fill_selected="*primary_600")
     return {"theme": theme,
             "css": css_path.read_text() if css_path.is_file() else None}
