@@ -132,7 +132,8 @@ def test_axe_finds_no_serious_wcag_violation(open_page, size, color_scheme):
 
 
 ACTIVE = """() => { const e = document.activeElement; const owner = e.closest('[id]');
-  return {id: e.id, owner: owner ? owner.id : '', thumbnail: e.matches('#gallery .thumbnail-item')}; }"""
+  return {id: e.id, owner: owner ? owner.id : '', thumbnail: e.matches('#gallery .thumbnail-item'),
+          example: e.matches('#examples button'), text: e.innerText}; }"""
 
 
 def tab_to(page, test, limit: int = 60, key: str = "Tab") -> dict:
@@ -147,8 +148,14 @@ def tab_to(page, test, limit: int = 60, key: str = "Tab") -> dict:
     raise AssertionError(f"not reached with {key}: focus went through {seen}")
 
 
-def test_keyboard_reaches_generate_stop_compare_and_the_gallery_actions(open_page):
+def test_keyboard_reaches_generate_stop_compare_examples_and_the_gallery_actions(open_page):
     page, blocked, errors = open_page()
+    page.focus("#prompt textarea")
+    example = tab_to(page, lambda a: a["example"])  # the examples are buttons: Enter fills the prompt
+    page.keyboard.press("Enter")
+    page.wait_for_function("(text) => document.querySelector('#prompt textarea').value.length > 0 && "
+                           "text.startsWith(document.querySelector('#prompt textarea').value)", arg=example["text"])
+    page.fill("#prompt textarea", "")
     page.focus("#prompt textarea")
     page.keyboard.type("a green triangle on a black background")
     tab_to(page, lambda a: a["id"] == "generate")

@@ -150,13 +150,14 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
 
 
 def example_list(spec: Any, prompt: Any, resolution: Any) -> None:
-    """The model's example prompts ("Try"); those drawn at another bucket set the resolution too."""
+    """The model's example prompts ("Try"); each sets the prompt and its bucket."""
     examples = example_rows(spec)
-    if examples and all(size == str(spec.buckets[0]) for _, size in examples):
-        gr.Examples(examples=[[text] for text, _ in examples], inputs=[prompt], label="Try", elem_id="examples")
-    elif examples:
+    if examples:
+        # labelled, Gradio lays them out as buttons (Tab reaches each; a short row on a phone); unlabelled,
+        # several inputs make a table whose rows no key reaches
+        labels = [text if size == str(spec.buckets[0]) else f"{text} \u00b7 {size}" for text, size in examples]
         gr.Examples(examples=[list(row) for row in examples], inputs=[prompt, resolution], label="Try",
-                    elem_id="examples")
+                    elem_id="examples", example_labels=labels)
 
 
 def launch_kwargs() -> dict[str, Any]:
