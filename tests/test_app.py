@@ -8,8 +8,8 @@ from PIL import Image
 from conftest import request_fields
 
 
-def test_generate_streams_one_gallery_update_per_image(launch_app):
-    app, url = launch_app("--no-warmup")
+def test_generate_streams_one_gallery_update_per_image(served_app):
+    app, url = served_app
     client = Client(url, verbose=False)
     job = client.submit(**request_fields(num_images=3, seed=100, previews=False), api_name="/generate")
     updates = [(len(gallery), preview) for gallery, preview in job]
@@ -23,8 +23,8 @@ def test_generate_streams_one_gallery_update_per_image(launch_app):
     assert np.array_equal(np.asarray(Image.open(again["image"])), np.asarray(images[1]))
 
 
-def test_api_lists_the_documented_parameters(launch_app):
-    app, url = launch_app("--no-warmup")
+def test_api_lists_the_documented_parameters(served_app):
+    app, url = served_app
     api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
     parameters = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert parameters == ["prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale",
@@ -86,8 +86,8 @@ def test_default_model_warms_its_buckets_in_order_cold_compiling_warm(launch_app
     assert all(f"| {label} | compiled |" in table for label in labels) and table.count("warm") >= len(labels)
 
 
-def test_default_start_is_the_trained_tiny_shapes_model(launch_app):
-    app, url = launch_app("--no-warmup")
+def test_default_start_is_the_trained_tiny_shapes_model(served_app):
+    app, url = served_app
     assert app.ui.settings.start_model == "tiny-shapes"
     client = Client(url, verbose=False)
     api = client.view_api(return_format="dict", print_info=False)
