@@ -6,8 +6,14 @@ from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import parse_config
 
 if __name__ == "__main__":
+    config = parse_config(sys.argv[1:])
+    if config.chips and not config.tensor_parallel:
+        # the launcher of one engine per chip: it must not import torch (torch-tpu would hold the chips)
+        from tpu_demo.launch.fleet import main as serve_chips
+
+        sys.exit(serve_chips(sys.argv[1:], config))
     # Before torch is imported: torch-tpu reads its persistent compile cache location once, at init.
-    use_compile_cache(parse_config(sys.argv[1:]).resolved_cache_dir)
+    use_compile_cache(config.resolved_cache_dir)
     from tpu_demo.launch.cli import main
 
     main()

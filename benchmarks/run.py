@@ -50,6 +50,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--buckets", default=None,
                         help="buckets warmed for the all-buckets figures (default: the model's catalog buckets)")
     parser.add_argument("--steps", type=int, default=8, help="num_inference_steps of the measured requests")
+    parser.add_argument("--switch-to", default="tiny-sd3",
+                        help="the second model of the switch figure (never warmed vs pre-warmed with --warm all)")
     parser.add_argument("--pairs", type=int, default=20, help="interleaved A/B pairs per comparison")
     parser.add_argument("--steady", type=int, default=5, help="warm requests per mode for the warm-vs-cold figure")
     parser.add_argument("--mixed-requests", type=int, default=50, help="requests in the recompile check")
@@ -474,6 +476,10 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         app.engine.close()
     restart_buckets = str(main_bucket) if args.smoke else bucket_text  # smoke: two process start-ups are enough
     _section(results, "restart", lambda: measure_restart(args, work_dir, restart_buckets))
+    from benchmarks.switch_probe import measure_switch
+
+    _section(results, "switch", lambda: measure_switch(work_dir, args.model, args.switch_to, str(main_bucket),
+                                                       args.compile_backend, threads, args.startup_timeout + 120))
     results["load_average_end"] = _load_average()
     results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -550,6 +556,13 @@ def markdown_table(results: dict[str, Any]) -> str:
     s = f["restart"]
     rows.append(("restart: start-up to all buckets warm, with cache / cold", f"{s['ratio']:.3f}x ({s['with_cache']['seconds_to_all_warm']:.1f} s / "
                  f"{s['cold']['seconds_to_all_warm']:.1f} s, {len(s['cold']['buckets'])} buckets)", TARGETS["restart"], _met(s["ratio"] <= 0.35)))
+    w = f["switch"]
+    pre, never = w["pre_warmed"], w["never_warmed"]
+    rows.append((f"switch {pre['from']} -> {pre['to']}: pre-warmed (--warm all) / never warmed, seconds to the first image",
+                 f"{w['ratio']:.3f}x ({pre['switch_seconds']:.2f} s / {never['switch_seconds']:.2f} s); compiled afresh "
+                 f"after the switch: {pre['fresh_compiles']} (never warmed: {never['fresh_compiles']}; graphs traced "
+                 f"{pre['graphs_captured']} / {never['graphs_captured']})", "0 compiled afresh",
+                 _met(pre["fresh_compiles"] == 0) if pre["fresh_compiles"] is not None else "\u2013"))
     header = (f"{results['device']} \u00b7 {results['model']} \u00b7 {results['resolution']} \u00b7 {results['steps']} steps \u00b7 "
               f"compiled = {results['compile_backend']} \u00b7 torch threads {results['threads']} \u00b7 load average "
               f"{results['load_average_start']} \u2192 {results['load_average_end']}")

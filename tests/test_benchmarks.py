@@ -123,9 +123,14 @@ def test_smoke_run_emits_every_figure(tmp_path):
     assert restart["cold"]["all_warm"] and restart["with_cache"]["all_warm"] and restart["ratio"] > 0
     # the smoke compiles with aot_eager, which keeps no persistent cache: the status says "unknown", not "hit"
     assert [b["from_cache"] for b in restart["with_cache"]["buckets"]] == [None]
+    # a switch to a second model, never warmed vs pre-warmed by --warm all (aot_eager keeps no cache counters)
+    switch = figures["switch"]
+    assert switch["pre_warmed"]["images"] == switch["never_warmed"]["images"] == 1 and switch["ratio"] > 0
+    assert switch["pre_warmed"]["loaded_after"] == [switch["pre_warmed"]["to"]]
     # the smoke states the backend its compiled figures used (aot_eager off TPU in the smoke; inductor by default)
     assert results["compile_backend"] == "aot_eager"
     assert "compiled = aot_eager" in run.stdout
     for row in ("engine overhead", "app overhead", "warm vs cold, compiled", "recompiles after warmup", "peak RSS",
-                "previews on / off through the app", "step preview", "throughput", "load: 2 client(s), max batch 4", "restart"):
+                "previews on / off through the app", "step preview", "throughput", "load: 2 client(s), max batch 4", "restart",
+                "switch tiny-flux -> tiny-sd3: pre-warmed (--warm all)"):
         assert row in run.stdout

@@ -64,7 +64,8 @@ def test_detection_picks_the_tpu_when_torch_tpu_reports_chips(tpu):
 
     device = detect_device()
     assert (device.kind, device.count, device.name, device.memory_bytes_per_device) == ("tpu", 4, "TPU v6e", 32 * 10**9)
-    assert device.badge == "TPU v6e x 4"
+    # one process computes on one chip: never "x 4" for it (docs/scaling.md#every-chip-of-one-host)
+    assert device.badge == "TPU v6e \u00b7 chip 1 of 4"
     # the chips were counted by torch-tpu's scanner before its runtime was loaded
     assert tpu.names().index("hardware.get_tpu_device_count") < tpu.names().index("torch_tpu._loader.load")
     assert compile_backend_name(device, "inductor") == "tpu"

@@ -6,8 +6,10 @@ look like a TPU host to exactly the calls the app makes, records every one of th
 carries the work out on the CPU so real pipelines still produce real images:
 
 - chip detection: torch-tpu's own PCI scanner (``torch_tpu._internal.utils.hardware``) reports
-  ``chips`` chips of ``name`` with ``hbm_bytes`` each; ``torch_tpu._loader.load`` is recorded and
-  makes ``torch.accelerator`` report a "tpu" accelerator (``ready=False`` keeps it refused);
+  ``chips`` chips of ``name`` with ``hbm_bytes`` each; ``torch_tpu._loader.load`` is recorded, with
+  the libtpu variables that pin a process to chips as they are at that moment (libtpu reads them
+  when the runtime starts), and makes ``torch.accelerator`` report a "tpu" accelerator
+  (``ready=False`` keeps it refused) with the chips ``TPU_VISIBLE_CHIPS`` leaves visible;
 - eager modes: ``torch.tpu.EagerMode`` is torch-tpu's real enum; ``torch.tpu.set_eager_mode``
   records entering and leaving and calls the real context manager in between;
 - compiled mode: ``torch.compile`` records (target, backend, fullgraph, dynamic); the dynamo
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -66,6 +69,11 @@ class TpuStandIn:
     def clear(self) -> None:
         self.calls.clear()
 
+    def visible_chips(self) -> int:
+        """What libtpu would show this process: the chips ``TPU_VISIBLE_CHIPS`` lists, else all."""
+        listed = [c for c in os.environ.get("TPU_VISIBLE_CHIPS", "").split(",") if c.strip()]
+        return len(listed) if listed else self.chips
+
     # ---- installing -----------------------------------------------------------------------
     def install(self, monkeypatch) -> "TpuStandIn":
         self._install_hardware(monkeypatch)
@@ -85,7 +93,10 @@ class TpuStandIn:
             monkeypatch.setattr(hardware, function, self._recorder(f"hardware.{function}", lambda v=value: v))
 
         def load() -> None:
-            self.record("torch_tpu._loader.load")
+            from tpu_demo.device import LIBTPU_PIN_VARIABLES
+
+            self.record("torch_tpu._loader.load", libtpu_env={name: os.environ[name] for name in LIBTPU_PIN_VARIABLES
+                                                              if name in os.environ})
             self.loaded = self.ready
 
         assert callable(torch_tpu._loader.load)
@@ -103,7 +114,8 @@ class TpuStandIn:
             return real_current(*args, **kwargs)
 
         monkeypatch.setattr(torch.accelerator, "current_accelerator", current_accelerator)
-        monkeypatch.setattr(torch.accelerator, "device_count", lambda: self.chips if self.loaded else real_count())
+        monkeypatch.setattr(torch.accelerator, "device_count",
+                            lambda: self.visible_chips() if self.loaded else real_count())
         monkeypatch.setattr(torch.accelerator, "synchronize", self._recorder("torch.accelerator.synchronize"))
         monkeypatch.setattr(torch.accelerator, "empty_cache", self._recorder("torch.accelerator.empty_cache"))
 

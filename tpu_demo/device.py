@@ -31,6 +31,12 @@ class DeviceInfo:
     count: int
     name: str
     memory_bytes_per_device: int | None
+    #: chips on the host (torch-tpu's PCI scan), of which this process may see only ``count``
+    host_chips: int = 0
+    #: the chip this process is pinned to (``TPU_VISIBLE_CHIPS``, one engine per chip), if any
+    chip_index: int | None = None
+    #: ranks of the tensor-parallel group this process belongs to (0: none)
+    tensor_parallel_ranks: int = 0
 
     @property
     def torch_device(self) -> str:
@@ -38,8 +44,55 @@ class DeviceInfo:
 
     @property
     def badge(self) -> str:
-        """Short label for the page header, e.g. "TPU v6e x 4" or "CPU"."""
-        return self.name if self.count <= 1 else f"{self.name} x {self.count}"
+        """What this process really computes on, for the page header: "TPU v6e · chip 2 of 4",
+        "TPU v6e x 4, tensor parallel", "CPU". A process uses one device unless it is a rank of
+        a tensor-parallel group, so a 4-chip host never reads "x 4" for one engine."""
+        if self.tensor_parallel_ranks > 1:
+            return f"{self.name} x {self.tensor_parallel_ranks}, tensor parallel"
+        chips = max(self.host_chips, self.count)
+        if chips > 1:
+            unit = "chip" if self.kind == "tpu" else "device"
+            return f"{self.name} \u00b7 {unit} {(self.chip_index or 0) + 1} of {chips}"
+        return self.name
+
+
+#: libtpu's variables that pin a process to some of the host's chips (read by libtpu and named by
+#: torch-tpu's glue library; see docs/scaling.md#every-chip-of-one-host). TPU_VISIBLE_DEVICE_PATHS wins
+#: over TPU_VISIBLE_CHIPS when both are set.
+LIBTPU_PIN_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+                        "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT")
+#: first of the per-process ports libtpu's processes on one host talk on (one per chip from here)
+LIBTPU_FIRST_PROCESS_PORT = 8476
+
+
+def one_chip_environment(chip: int) -> dict[str, str]:
+    """The environment that gives a process chip ``chip`` alone (the usual single-host recipe:
+    one chip, a 1x1x1 process grid, its own port; not yet run on a chip with torch-tpu)."""
+    port = LIBTPU_FIRST_PROCESS_PORT + chip
+    return {"TPU_VISIBLE_CHIPS": str(chip), "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "1,1,1",
+            "TPU_PROCESS_ADDRESSES": f"localhost:{port}", "TPU_PROCESS_PORT": str(port)}
+
+
+def pinned_chip() -> int | None:
+    """The chip ``TPU_VISIBLE_CHIPS`` pins this process to, when it names exactly one."""
+    value = os.environ.get("TPU_VISIBLE_CHIPS", "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def scan_tpu_chips() -> tuple[int, str, int | None]:
+    """(chips, name, HBM bytes per chip) of this host from torch-tpu's PCI scan, without starting
+    its runtime (a launcher must not hold the chips its engines will use); (0, "", None) without."""
+    hardware = _torch_tpu_hardware()
+    if hardware is None:
+        return 0, "", None
+    try:
+        chips = hardware.get_tpu_device_count()
+        if chips <= 0:
+            return 0, "", None
+        return chips, hardware.get_tpu_device_name(), hardware.get_hbm_bytes_per_device()
+    except Exception as error:  # noqa: BLE001 - a scanner failure means: no chips to plan for
+        log.warning("TPU scan failed (%s: %s)", type(error).__name__, error)
+        return 0, "", None
 
 
 def _torch_tpu_hardware():
@@ -117,7 +170,8 @@ def _detect_tpu(hardware) -> DeviceInfo | None:
         return None
     try:
         return DeviceInfo(kind="tpu", count=torch.accelerator.device_count(), name=hardware.get_tpu_device_name(),
-                          memory_bytes_per_device=hardware.get_hbm_bytes_per_device())
+                          memory_bytes_per_device=hardware.get_hbm_bytes_per_device(), host_chips=chips,
+                          chip_index=pinned_chip())
     except Exception as error:  # noqa: BLE001
         log.warning("TPU detection failed reading the chips (%s: %s); serving on CUDA/CPU", type(error).__name__, error)
         return None

@@ -54,6 +54,15 @@ class BucketStatus:
 
 
 @dataclass(frozen=True)
+class Loading:
+    """The request's model is being loaded (weights read and placed) before its first call."""
+
+    model: str
+    #: what the page shows, e.g. "loading Stable Diffusion 3.5 Medium, 16 GB ..."
+    text: str
+
+
+@dataclass(frozen=True)
 class Compiling:
     """A cold bucket is being compiled (first time for this shape) before the image starts."""
 
@@ -112,3 +121,5 @@ class EngineStatus:
     buckets: list[BucketStatus] = field(default_factory=list)
     compiles_total: int = 0
     busy: bool = False
+    #: "loading <model>, <size> ..." while the device thread loads a model, else None
+    loading: str | None = None

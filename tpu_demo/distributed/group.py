@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ def init_tensor_parallel(device: DeviceInfo, timeout_seconds: float) -> TensorPa
     # follower after the timeout; followers wait for the next request as long as it takes.
     control_group = dist.new_group(backend="gloo", timeout=timeout if rank == 0 else _FOLLOWER_IDLE_TIMEOUT)
     log.info("rank %d/%d joined the %s group on %s", rank, world_size, distributed_backend(device), device.kind)
+    device = replace(device, tensor_parallel_ranks=world_size)  # the header says "x N, tensor parallel"
     return TensorParallelWorld(rank, world_size, local_rank, device, mesh, control_group, timeout_seconds)
 
 

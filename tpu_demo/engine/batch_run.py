@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpu_demo.core import pngmeta
-from tpu_demo.core.events import Compiling, ImageResult, Stopped
+from tpu_demo.core.events import Compiling, ImageResult, Loading, Stopped
 from tpu_demo.core.recent import TimedRun
 from tpu_demo.engine.batching import Member, PendingRequest
 from tpu_demo.engine.errors import user_message
@@ -76,7 +76,11 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
     """Make one pipeline call for ``members`` (same CallShape) and hand each image to its request."""
     first = members[0].pending.request
     try:
-        loaded = engine.pool.load(engine.spec(first.model))
+        spec = engine.spec(first.model)
+        if engine.pool.get(spec.id) is None:  # a switch to a model not loaded: say so while it loads
+            for member in members:
+                member.pending.emit(Loading(spec.id, engine.pool.loading_text(spec)))
+        loaded = engine.pool.load(spec)
     except Exception as error:  # noqa: BLE001 - every request of the call hears why
         _fail(members, error)
         return

@@ -138,7 +138,7 @@ class Engine:
                              "compiled": loaded.compiled} for model_id, loaded in self.pool.items()}
         return EngineStatus(device=self.device.badge, device_kind=self.device.kind, device_count=self.device.count,
                             models=models, buckets=self.book.all(), compiles_total=self.counter.count,
-                            busy=self._busy.is_set())
+                            busy=self._busy.is_set(), loading=self.pool.loading)
 
     @property
     def max_batch(self) -> int:

@@ -21,7 +21,7 @@ from tpu_demo.distributed.lockstep import LoadModel, Lockstep
 from tpu_demo.engine.bucket_book import BucketBook
 from tpu_demo.engine.previews import LatentPreviewer
 from tpu_demo.engine.step_observer import DecodeGuard, apply_decode_guard
-from tpu_demo.models.loading import ModelUnavailable, ensure_available, load_pipeline, parameter_bytes
+from tpu_demo.models.loading import ModelUnavailable, ensure_available, load_pipeline, loading_text, parameter_bytes
 from tpu_demo.models.placement import PlacementError, apply_placement, choose_placement
 from tpu_demo.models.prompt_cache import PromptEncoder
 
@@ -83,6 +83,8 @@ class ModelPool:
         self.lockstep, self.in_lockstep = lockstep, in_lockstep
         self.world_size = lockstep.world.world_size if lockstep is not None else 1
         self._models: dict[str, LoadedModel] = {}
+        #: "loading <model>, <size> ..." while a load runs (the page and /ready show it), else None
+        self.loading: str | None = None
 
     def get(self, model_id: str) -> LoadedModel | None:
         return self._models.get(model_id)
@@ -109,12 +111,22 @@ class ModelPool:
             return loaded.placement
         return choose_placement(spec, self.device, self.settings.placement_override, self.world_size)
 
+    def loading_text(self, spec: ModelSpec) -> str:
+        return loading_text(spec, self.settings.models_dir)
+
     def load(self, spec: ModelSpec, keep: frozenset[str] = frozenset()) -> LoadedModel:
         """The loaded model for ``spec``, loading (and evicting others, never those in ``keep``) first if needed."""
         loaded = self._models.get(spec.id)
         if loaded is not None:
             loaded.last_used = time.monotonic()
             return loaded
+        self.loading = self.loading_text(spec)
+        try:
+            return self._load(spec, keep)
+        finally:
+            self.loading = None
+
+    def _load(self, spec: ModelSpec, keep: frozenset[str]) -> LoadedModel:
         try:
             placement = choose_placement(spec, self.device, self.settings.placement_override, self.world_size)
         except PlacementError as error:

@@ -20,6 +20,7 @@ from tpu_demo.core.buckets import BATCH_SIZES, Bucket, BucketError, parse_bucket
 from tpu_demo.core.catalog import CATALOG, Placement
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestLimits
+from tpu_demo.launch.chips import chip_count
 from tpu_demo.web.admission import AdmissionLimits
 
 ENV_PREFIX = "TPU_DEMO_"
@@ -168,7 +169,14 @@ class AppConfig:
                                   "stopped (0: no limit)", _non_negative_float)
     log_prompts: bool = flag(False, "include prompts in the per-request log lines", None)
     no_warmup: bool = flag(False, "do not warm the buckets at start-up", None)
+    warm: str = flag("start", "what start-up warms before /ready says ready: the start model's buckets, or every "
+                     "offered model's, one model at a time, into the compile cache (then the start model stays "
+                     "loaded)", _choice(["start", "all"]))
     share: bool = flag(False, "create a public gradio.live link (contacts Gradio's share servers)", None)
+    chips: str | None = flag(None, "put every chip of this host to work: 'all' (each TPU chip) or a number N; one "
+                             "engine per chip behind nginx on --host/--port when every offered model fits one chip, "
+                             "else one tensor-parallel group over them (docs/scaling.md#every-chip-of-one-host); "
+                             "off TPU, N engines on loopback", chip_count)
     tensor_parallel: bool = flag(False, "one rank of a tensor-parallel group started by torchrun "
                                  "(use scripts/serve_tp.sh N); rank 0 serves the UI", None)
     tp_timeout: float = flag(60.0, "seconds a tensor-parallel rank may lag beyond the expected step time before "

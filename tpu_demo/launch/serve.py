@@ -16,6 +16,7 @@ from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
 from tpu_demo.device import DeviceInfo, detect_device
 from tpu_demo.engine.engine import Engine, EngineConfig
+from tpu_demo.engine.warm_all import WarmAll
 from tpu_demo.web.health import health_routes
 from tpu_demo.web.readiness import ReadinessCheck
 from tpu_demo.models.loading import hub_weights_present
@@ -43,6 +44,8 @@ class App:
     readiness: ReadinessCheck
     #: each browser session's earlier results (files freed when its tab closes)
     history: SessionHistory | None = None
+    #: ``--warm all``: every offered model's warmup, in order (None: only the start model's)
+    warm_all: WarmAll | None = None
 
 
 def offered_models(config: AppConfig) -> tuple[str, ...]:
@@ -115,12 +118,16 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
     if not gradio_queue.set_queue_polling(demo, config.queue_poll_seconds):
         log.warning("this Gradio's queue has no polling interval to set; it polls at its own rate")
-    if not config.no_warmup:
+    warm_all = None
+    if not config.no_warmup and config.warm == "all":
+        warm_all = WarmAll(engine, models, first, config.start_mode)  # every model, the start model last
+        warm_all.start()
+    elif not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
     readiness = ReadinessCheck(engine, first, config.start_mode, warmup=not config.no_warmup,
-                               draining=lambda: supervisor.shutting_down)
-    return App(config, engine, ui, demo, readiness, history)
+                               draining=lambda: supervisor.shutting_down, warm_all=warm_all)
+    return App(config, engine, ui, demo, readiness, history, warm_all)
 
 
 def launch(app: App, **kwargs) -> None:

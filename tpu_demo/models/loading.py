@@ -80,6 +80,22 @@ def load_pipeline(spec: ModelSpec, device: DeviceInfo, models_dir: Path, **compo
     return pipeline
 
 
+def loading_text(spec: ModelSpec, models_dir: Path) -> str:
+    """What the page says while ``spec`` loads: "loading Stable Diffusion 3.5 Medium, 16 GB ...".
+
+    The size is the catalog's (bf16) for real models, else the weight files on disk (the tiny
+    ones); a model whose size is unknown yet (not built) is named without one."""
+    size_gb = spec.total_gb
+    if not size_gb:
+        kind, _, name = spec.source.partition(":")
+        folder = ASSETS_DIR / name if kind == "assets" else Path(models_dir) / name
+        size_gb = sum(f.stat().st_size for f in folder.rglob("*.safetensors")) / 1e9 if folder.is_dir() else 0.0
+    if not size_gb:
+        return f"loading {spec.title} ..."
+    size = f"{size_gb:.0f} GB" if size_gb >= 1 else f"{size_gb * 1000:.0f} MB" if size_gb >= 0.001 else "<1 MB"
+    return f"loading {spec.title}, {size} ..."
+
+
 def parameter_bytes(pipeline: Any) -> int:
     """Bytes held by the pipeline's weights (what a loaded model costs in memory)."""
     total = 0

@@ -9,6 +9,8 @@ path. Building is deterministic: the same seed writes the same weights.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import string
 from pathlib import Path
 from typing import Callable
@@ -208,8 +210,14 @@ def ensure_tiny_pipeline(name: str, directory: Path, seed: int = 0) -> Path:
         return directory
     torch.manual_seed(seed)
     pipeline = BUILDERS[name]()
-    tmp = directory.with_name(directory.name + ".partial")
+    # per process: engines started together on one host (--chips) share the cache and may build at once
+    tmp = directory.with_name(f"{directory.name}.partial-{os.getpid()}")
     pipeline.save_pretrained(tmp, safe_serialization=True)
     (tmp / "tiny_model.json").write_text(json.dumps({"builder": name, "seed": seed}))
-    tmp.replace(directory)
+    try:
+        tmp.replace(directory)
+    except OSError:  # another process finished first: same seed, same weights; keep its copy
+        if not (directory / "model_index.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return directory

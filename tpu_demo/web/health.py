@@ -28,7 +28,9 @@ READY_PATH = "/ready"
 def health_payload(engine: "Engine", queue_length: int, running: int, readiness: Readiness) -> dict[str, Any]:
     status = engine.status()
     buckets = [{"model": b.model, "mode": b.mode, "resolution": b.resolution, "batch": b.batch, "state": b.state.value,
-                "compile_seconds": b.compile_seconds} for b in status.buckets]
+                "compile_seconds": b.compile_seconds, "graphs": b.compiles,
+                # True: every compiler cache lookup of its compile hit (nothing compiled afresh); None: no counters
+                "from_cache": b.from_cache} for b in status.buckets]
     return {
         "status": "ok",
         "ready": readiness.ready,
@@ -44,6 +46,7 @@ def health_payload(engine: "Engine", queue_length: int, running: int, readiness:
         "queue_length": queue_length,
         "running": running,
         "busy": status.busy,
+        "loading": status.loading,
     }
 
 

@@ -3,7 +3,8 @@
 A replica that just started loads its start model and compiles each configured bucket (minutes
 on a TPU); visitors sent to it meanwhile wait behind those compiles while warm replicas idle. So
 ``/ready`` answers 503 with the reason (``loading tiny-flux``, ``compiling bucket 2 of 3 ...``)
-until every configured bucket of the start model, in the start mode, is warm, then 200. Once
+until every configured bucket of the start model, in the start mode, is warm, then 200; with
+``--warm all``, until every offered model has been warmed too (``warming tiny-sd3 (model 1 of 2): ...``). Once
 ready a replica stays ready (a visitor switching models may evict the start model; that does not
 make the replica unable to serve) until SIGTERM, when it answers 503 ``shutting down`` so the
 balancer stops sending new visitors while the running request ends. ``/health`` stays liveness: a
@@ -21,6 +22,7 @@ from tpu_demo.core.modes import ExecutionMode
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
+    from tpu_demo.engine.warm_all import WarmAll
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,10 @@ class ReadinessCheck:
     """The start model's configured buckets decide readiness once; SIGTERM takes it back."""
 
     def __init__(self, engine: "Engine", model: str, mode: ExecutionMode, warmup: bool,
-                 draining: Callable[[], bool] = lambda: False):
+                 draining: Callable[[], bool] = lambda: False, warm_all: "WarmAll | None" = None):
         self.engine, self.model, self.mode, self.warmup, self.draining = engine, model, mode, warmup, draining
+        #: ``--warm all``: not ready until every offered model has been warmed (then the start model's check)
+        self.warm_all = warm_all
         self._ready: Readiness | None = None
         self._lock = threading.Lock()
 
@@ -69,7 +73,18 @@ class ReadinessCheck:
     def _current(self) -> Readiness:
         if not self.warmup:
             return Readiness(True, "ready: warmup is off (--no-warmup); buckets compile on first use")
-        configured = len(self.engine.configured_shapes(self.model, self.mode))  # every bucket x batch size
-        buckets = self.engine.buckets_for(self.model, self.mode)[:configured]  # configured ones come first
-        loaded = self.model in self.engine.status().models
-        return bucket_readiness(buckets, loaded, self.model, self.mode.value)
+        if self.warm_all is not None and not self.warm_all.finished.is_set():
+            current = self.warm_all.current or self.model
+            return Readiness(False, f"{self.warm_all.progress()}: {self._model_readiness(current).reason}")
+        if self.warm_all is not None and self.warm_all.failures():
+            failed = self.warm_all.failures()
+            more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+            return Readiness(False, f"failed: --warm all: {'; '.join(failed[:3])}{more} (see /health); "
+                                    "fix and restart the replica")
+        return self._model_readiness(self.model)
+
+    def _model_readiness(self, model: str) -> Readiness:
+        configured = len(self.engine.configured_shapes(model, self.mode))  # every bucket x batch size
+        buckets = self.engine.buckets_for(model, self.mode)[:configured]  # configured ones come first
+        loaded = model in self.engine.status().models
+        return bucket_readiness(buckets, loaded, model, self.mode.value)
