@@ -53,6 +53,17 @@ def audit(page) -> list[str]:
     return found
 
 
+def test_the_audit_sees_a_violation_when_there_is_one(open_page):
+    """axe really runs and its findings reach the assertion: a grey-on-white line added to the page fails."""
+    page, _, _ = open_page()
+    page.evaluate("""() => { const p = document.createElement('p'); p.id = 'faint';
+        p.style.cssText = 'color: #cccccc; background: #ffffff'; p.textContent = 'faint text';
+        document.querySelector('#prompt').after(p); }""")
+    page.wait_for_timeout(500)  # painted
+    found = audit(page)
+    assert any(line.startswith("color-contrast (serious) at #faint") for line in found), found
+
+
 def generate(page, prompt: str, images: int) -> list[str]:
     """Generate and wait for this run's images (new files, decoded); returns their captions."""
     before = page.eval_on_selector_all(GALLERY_IMAGES, "images => images.map(i => i.src)")
@@ -160,7 +171,7 @@ def test_keyboard_reaches_generate_stop_compare_examples_and_the_gallery_actions
     page.keyboard.type("a green triangle on a black background")
     tab_to(page, lambda a: a["id"] == "generate")
     page.keyboard.press("Enter")
-    wait_for_gallery_images(page, 2, timeout_ms=120_000)
+    wait_for_gallery_images(page, 1, timeout_ms=120_000)  # (the example may have set the number of images)
     tab_to(page, lambda a: a["id"] == "compare")
     tab_to(page, lambda a: a["id"] == "stop")
     # the gallery's images are buttons: Enter on one selects it, then "Reuse settings" restores its prompt
