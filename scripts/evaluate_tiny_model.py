@@ -13,7 +13,10 @@ chance of a uniformly random scene of the grammar:
   tiny_shapes.judge.analyze / score (background, colour, position, shape, size, all);
 - two: 100 two-shape prompts whose both objects are held-out triples
   (tiny_shapes.dataset.held_out_two_shape_prompts), judged by find_objects / score_objects
-  (background, count, colour, position, shape, size: right for both objects; all).
+  (background, count, colour, position, shape, size: right for both objects; all);
+- phrased, left-out, mixed-case: the same held-out objects in people's words (held-out phrasings,
+  left-out attributes over 8 seeds, mixed letter case), judged on what each caption names
+  (tiny_shapes.phrasing_evaluation, tiny_shapes.prompt_judge).
 
 ``--set tuning`` uses the tuning prompts instead (triples seen in training; the judge's thresholds
 and the guidance were chosen on them, never on the held-out ones). ``--grid`` saves, per bucket and
@@ -116,7 +119,9 @@ def main(argv=None):
                    help="held-out test prompts (the reported figures) or the tuning prompts")
     p.add_argument("--buckets", default=",".join(f"{w}x{h}" for w, h in shapes_dataset.CANVASES),
                    help="canvases WIDTHxHEIGHT to evaluate")
-    p.add_argument("--kinds", default="single,two", help="single and/or two (shapes per scene)")
+    p.add_argument("--kinds", default="single,two,phrased,left-out,mixed-case",
+                   help="single and/or two: the grammar's captions (shapes per scene); phrased, left-out, mixed-case: "
+                        "people's words (tiny_shapes.phrasing_evaluation)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N prompts of each set")
     p.add_argument("--every", type=int, default=1, help="evaluate every Nth prompt of each set (a CI-sized slice)")
     p.add_argument("--seed", type=int, default=0)
@@ -155,7 +160,8 @@ def main(argv=None):
     report = {"kwargs": kwargs, "set": args.prompt_set, "results": {}}
     passed = True
     print(f"kwargs: {kwargs}")
-    for kind in kinds:
+    wording = [k for k in kinds if k in ("phrased", "left-out", "mixed-case")]
+    for kind in (k for k in kinds if k in ("single", "two")):
         scenes = sets[args.prompt_set][kind]()[: args.limit][:: args.every]
         metrics = METRICS if kind == "single" else TWO_SHAPE_METRICS
         rows = {}
@@ -180,6 +186,13 @@ def main(argv=None):
         print(f"\n{kind}-shape scenes, {args.prompt_set} prompts; `all` = every attribute right"
               + (" for both objects" if kind == "two" else ""))
         print(table(rows, metrics, len(scenes), ALL_TARGETS[kind]), flush=True)
+    if wording:
+        from tiny_shapes import phrasing_evaluation
+
+        text, record, met = phrasing_evaluation.run(models, wording, buckets, kwargs)
+        print(text, flush=True)
+        report["wording"] = record
+        passed &= met or "trained" not in models
     if models.get("trained") is not None:
         print(f"\ntargets met: {passed}")
     if args.json:

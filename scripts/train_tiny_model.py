@@ -23,7 +23,8 @@ Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
    object, with caption dropout for true CFG, plus the auxiliary binding loss on T5's states
    (``--binding-weight``), keeping an EMA of the weights, which is what gets saved;
    ``--freeze-text-encoders`` keeps the text encoders at their random initialisation;
-5. ``save_pretrained(..., safe_serialization=True)`` the whole pipeline plus ``demo_defaults.json``.
+5. ``save_pretrained(..., safe_serialization=True)`` the whole pipeline plus ``demo_defaults.json`` and
+   ``vocabulary.json`` (the words it was trained on, which the page reads to say what it cannot).
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from tiny_shapes import dataset as shapes_dataset  # noqa: E402
-from tiny_shapes.model import MAX_SEQUENCE_LENGTH, build_shapes_pipeline  # noqa: E402
+from tiny_shapes import captions as shapes_captions, dataset as shapes_dataset  # noqa: E402
+from tiny_shapes.model import WORDINGS, build_shapes_pipeline  # noqa: E402
 from tiny_shapes.vae_training import encode_images, lr_at, object_pixel_mask, train_decoder, train_vae  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
 #: ``true_cfg_scale`` guides against the empty prompt, which caption dropout trained.
-DEMO_DEFAULTS = {"height": 64, "width": 64, "num_inference_steps": 12, "true_cfg_scale": 3.0, "negative_prompt": "",
-                 "max_sequence_length": MAX_SEQUENCE_LENGTH}
+#: ``max_sequence_length`` is the T5 tokenizer's (tiny_shapes.model.Wording), added when saving.
+DEMO_DEFAULTS = {"height": 64, "width": 64, "num_inference_steps": 12, "true_cfg_scale": 3.0, "negative_prompt": ""}
 
 
 def parse_args(argv=None):
@@ -73,6 +74,15 @@ def parse_args(argv=None):
                    help="offsets (pixels, each axis) an object's centre is moved by at random in the training scenes "
                         "(default 0: every object exactly at its position; the recipe up to the seventh attempt "
                         "was -2,-1,0,1,2)")
+    p.add_argument("--captions", choices=tuple(WORDINGS), default="grammar",
+                   help="grammar: the one sentence per scene of the shipped weights; varied: people's words from "
+                        "tiny_shapes.captions.describe (synonyms, word orders, left-out attributes drawn by the scene, "
+                        "stray words; the held-out phrasings never), with the text side built for them "
+                        "(docs/tiny-shapes.md, 'Ninth attempt': measured, not shipped)")
+    p.add_argument("--full-share", type=float, default=0.4,
+                   help="varied captions: share that names every attribute (the rest leave some out)")
+    p.add_argument("--stray-word", type=float, default=0.08,
+                   help="varied captions: share with one made-up word the vocabulary does not know")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
     p.add_argument("--vae-steps", type=int, default=2200, help="VAE steps in all (crops first, then full images)")
     p.add_argument("--vae-buckets", type=str, default="64x64",
@@ -105,7 +115,7 @@ def parse_args(argv=None):
     p.add_argument("--vae-only", action="store_true", help="development: stop after the VAE stage and its latent statistics; save it to <output>/vae")
     p.add_argument("--bf16", action="store_true",
                    help="train the VAE under bfloat16 autocast (1.5x faster on AVX512-BF16 CPUs, much slower on AVX2 ones)")
-    p.add_argument("--steps", type=int, default=5000, help="transformer steps")
+    p.add_argument("--steps", type=int, default=5000, help="transformer steps (the ninth attempt: 5600)")
     p.add_argument("--batch-sizes", type=str, default="12,6,8,8",
                    help="transformer batch size per bucket (one number for every bucket, or one per bucket)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -174,28 +184,33 @@ def tokenize_captions(pipe, captions: list[str]):
     unique = [""] + sorted(set(captions) - {""})
     clip_ids = pipe.tokenizer(unique, padding="max_length", max_length=pipe.tokenizer_max_length,
                               truncation=True, return_tensors="pt").input_ids
-    t5_ids = pipe.tokenizer_2(unique, padding="max_length", max_length=MAX_SEQUENCE_LENGTH,
+    t5_ids = pipe.tokenizer_2(unique, padding="max_length", max_length=pipe.tokenizer_2.model_max_length,
                               truncation=True, return_tensors="pt").input_ids
     index = {c: i for i, c in enumerate(unique)}
     return unique, clip_ids, t5_ids, torch.tensor([index[c] for c in captions])
 
 
-def binding_labels(pipe, unique: list[str]) -> torch.Tensor:
-    """``(captions, MAX_SEQUENCE_LENGTH, attributes)`` long: per T5 token, the attributes of the object
-    whose phrase it is in (``shapes_dataset.word_attributes``), -100 (ignored) elsewhere.
-    Every grammar word is one T5 piece, so token i is word i."""
-    labels = torch.full((len(unique), MAX_SEQUENCE_LENGTH, len(shapes_dataset.ATTRIBUTES)), -100)
+def binding_labels(pipe, unique: list[str], prompts: dict) -> torch.Tensor:
+    """``(captions, max_sequence_length, attributes)`` long: per T5 token inside an object's phrase
+    (``Prompt.spans``, matched through the tokenizer's character offsets), the index of each
+    attribute of that object the caption names; -100 (ignored) for the attributes it leaves out
+    and for every token outside a phrase (prefix, "and", background, stray words)."""
+    length = pipe.tokenizer_2.model_max_length
+    labels = torch.full((len(unique), length, len(shapes_dataset.ATTRIBUTES)), -100)
     for row, caption in enumerate(unique):
         if not caption:
             continue
-        words = shapes_dataset.word_attributes(shapes_dataset.parse_caption(caption))
-        pieces = pipe.tokenizer_2.tokenize(caption)
-        if len(pieces) != len(words):
-            raise SystemExit(f"--binding-weight needs one T5 piece per grammar word; this tokenizer splits "
-                             f"{caption!r} into {pieces} (a model of an older grammar? pass --binding-weight 0)")
-        for i, ids in enumerate(words[:MAX_SEQUENCE_LENGTH]):
-            if ids is not None:
-                labels[row, i] = torch.tensor(ids)
+        prompt = prompts[caption]
+        offsets = pipe.tokenizer_2(caption, return_offsets_mapping=True, truncation=True,
+                                   max_length=length)["offset_mapping"]
+        for i, (start, end) in enumerate(offsets):
+            owner = next((k for k, (a, b) in enumerate(prompt.spans) if a <= start < b and end > start), None)
+            if owner is None:
+                continue
+            obj = prompt.scene.objects[owner]
+            for k, (attribute, table) in enumerate(shapes_dataset.ATTRIBUTES.items()):
+                if prompt.names(owner, attribute):
+                    labels[row, i, k] = table.index(getattr(obj, attribute))
     return labels
 
 
@@ -243,7 +258,10 @@ def pipeline_with(pipe, weights: Trainable):
 def save_pipeline(pipe, path: Path) -> None:
     """``save_pretrained`` (safetensors) plus the inference defaults the app and the evaluation use."""
     pipe.save_pretrained(path, safe_serialization=True)
-    (path / "demo_defaults.json").write_text(json.dumps(DEMO_DEFAULTS, indent=2) + "\n")
+    defaults = {**DEMO_DEFAULTS, "max_sequence_length": pipe.tokenizer_2.model_max_length}
+    (path / "demo_defaults.json").write_text(json.dumps(defaults, indent=2) + "\n")
+    record = shapes_captions.vocabulary_record(pipe.tokenizer_2.model_max_length == WORDINGS["varied"].max_sequence_length)
+    (path / "vocabulary.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
@@ -363,7 +381,7 @@ def main(argv=None):
         pipe.set_progress_bar_config(disable=True)
     else:
         pipe = build_shapes_pipeline(seed=args.seed, vae_blocks=tuple(int(c) for c in args.vae_blocks.split(",")),
-                                     latent_channels=args.latent_channels)
+                                     latent_channels=args.latent_channels, wording=WORDINGS[args.captions])
     bucket_labels = [label.strip().lower() for label in args.buckets.split(",") if label.strip()]
     sizes = [tuple(int(v) for v in label.split("x")) for label in bucket_labels]
     counts = per_bucket(args.num_images, len(sizes))
@@ -371,10 +389,17 @@ def main(argv=None):
     shares = per_bucket(args.bucket_weights, len(sizes), float)
     jitter = tuple(int(v) for v in args.jitter.split(","))
     data = []  # per bucket: (uint8 images, captions, scenes); bucket i renders from seed + 1000 i
+    prompts = {}  # caption -> tiny_shapes.captions.Prompt (what it names, where each object's phrase is)
     for i, (size, count) in enumerate(zip(sizes, counts)):
-        rendered = shapes_dataset.generate(count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob,
-                                           size=size, jitter=jitter)
-        data.append((np.stack([d[0] for d in rendered]), [d[1] for d in rendered], [d[2] for d in rendered]))
+        if args.captions == "grammar":
+            rendered = [(image, shapes_captions.describe_grammar(scene)) for image, _, scene in shapes_dataset.generate(
+                count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob, size=size, jitter=jitter)]
+        else:
+            rendered = shapes_captions.generate(count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob,
+                                                size=size, jitter=jitter, full_share=args.full_share,
+                                                stray_word=args.stray_word)
+        prompts.update((prompt.text, prompt) for _, prompt in rendered)
+        data.append((np.stack([d[0] for d in rendered]), [d[1].text for d in rendered], [d[1].scene for d in rendered]))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -429,13 +454,13 @@ def main(argv=None):
             rows=rows[offset:offset + b], batch=batch, weight=share))
         offset += b
     del data, latents
-    txt_ids = torch.zeros(MAX_SEQUENCE_LENGTH, 3)
+    txt_ids = torch.zeros(pipe.tokenizer_2.model_max_length, 3)
     timings["encode_s"] = time.perf_counter() - t
     log(stage="latents", shift_factor=shift, scaling_factor=scale, buckets=[b["name"] for b in buckets],
         tokens=[b["packed"].shape[1] for b in buckets], unique_captions=len(unique))
 
     t = time.perf_counter()
-    labels = binding_labels(pipe, unique) if args.binding_weight else None
+    labels = binding_labels(pipe, unique, prompts) if args.binding_weight else None
     ema = train_transformer(pipe, buckets, clip_ids, t5_ids, txt_ids, labels, args, log, transformer_gen)
     pipe = pipeline_with(pipe, ema)
     pipe.set_progress_bar_config(disable=True)
@@ -443,7 +468,7 @@ def main(argv=None):
     # The pipeline must condition exactly as training did.
     with torch.no_grad():
         embeds, pooled = ema.conditioning(clip_ids[:3], t5_ids[:3])
-        e, p, _ = pipe.encode_prompt(unique[:3], prompt_2=None, max_sequence_length=MAX_SEQUENCE_LENGTH)
+        e, p, _ = pipe.encode_prompt(unique[:3], prompt_2=None, max_sequence_length=pipe.tokenizer_2.model_max_length)
     assert torch.allclose(e, embeds, atol=1e-5) and torch.allclose(p, pooled, atol=1e-5)
 
     save_pipeline(pipe, args.output)

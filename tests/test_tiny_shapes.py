@@ -12,7 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
-from tiny_shapes import dataset as sd
+from tiny_shapes import captions, dataset as sd
+from tpu_demo.core.vocabulary import load_vocabulary
 from tpu_demo.core.catalog import get_spec
 from tiny_shapes.judge import (METRICS, TARGETS, TWO_SHAPE_METRICS, analyze, evaluate_pipeline, find_objects,
                                judge_image, score)
@@ -199,9 +200,14 @@ def test_shipped_files():
     lines = [line for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
     rows = example_rows(get_spec("tiny-shapes"))
     assert rows and len(rows) == len(lines) <= 12
-    for prompt, resolution in rows:
-        sd.parse_caption(prompt)  # within the grammar and vocabulary
-        assert resolution in [str(b) for b in get_spec("tiny-shapes").buckets]
+    vocabulary = load_vocabulary(MODEL_DIR / "vocabulary.json")
+    assert vocabulary is not None
+    assert sorted(vocabulary.words) == sorted(captions.vocabulary_record(varied=False)["words"])
+    for prompt, resolution, images in rows:
+        sd.parse_caption(prompt)  # within the grammar the weights were trained on
+        assert vocabulary.unknown_words(prompt) == [], prompt
+        assert resolution in [str(b) for b in get_spec("tiny-shapes").buckets] and images == 1
+    assert {resolution for _, resolution, _ in rows} == {str(b) for b in get_spec("tiny-shapes").buckets}
 
 
 def test_shipped_model_loads_and_draws(shipped_pipeline):
@@ -478,8 +484,9 @@ def test_example_rows_may_name_their_bucket(tmp_path):
     from tpu_demo.web.handlers import example_prompts, example_rows
 
     path = tmp_path / "prompts.txt"
-    path.write_text("a red circle\na blue square | 96x64\na | b | 64x96\nodd | 100x100\n\n", encoding="utf-8")
+    path.write_text("a red circle\na blue square | 96x64\na | b | 64x96\nodd | 100x100\n\n"
+                    "a green square | 128x128 | 4 images\na cat | 1 image\n", encoding="utf-8")
     spec = replace(get_spec("tiny-flux"), example_prompts_file=str(path))  # buckets 64x64, 128x128, 96x64, 64x96
-    assert example_rows(spec) == [("a red circle", "64x64"), ("a blue square", "96x64"), ("a | b", "64x96"),
-                                  ("odd | 100x100", "64x64")]
-    assert example_prompts(spec) == ["a red circle", "a blue square", "a | b", "odd | 100x100"]
+    assert example_rows(spec) == [("a red circle", "64x64", 1), ("a blue square", "96x64", 1), ("a | b", "64x96", 1),
+                                  ("odd | 100x100", "64x64", 1), ("a green square", "128x128", 4), ("a cat", "64x64", 1)]
+    assert example_prompts(spec) == ["a red circle", "a blue square", "a | b", "odd | 100x100", "a green square", "a cat"]

@@ -1,23 +1,69 @@
 """Architecture of the tiny-shapes FluxPipeline (the trained default in ``assets/models/tiny-shapes``).
 
 The same builder makes the untrained (random-weight) baseline of the evaluation. The T5
-tokenizer has whole-word pieces for the caption grammar's vocabulary (each word is one token)
-and the CLIP tokenizer is character-level; both text encoders start from a seeded random
-initialisation and are trained together with the transformer (scripts/train_tiny_model.py).
+tokenizer has one whole-word piece per word of the training captions (other words are spelled in
+character pieces) and lowercases, so letter case never reaches the model; the CLIP tokenizer is
+character-level (and lowercases too, as CLIP's does). Both text encoders start from a seeded
+random initialisation and are trained together with the transformer (scripts/train_tiny_model.py).
+
+Two wordings: :data:`GRAMMAR`, the one sentence per scene of the shipped weights, and
+:data:`VARIED`, people's words from :mod:`tiny_shapes.captions` (longer captions, punctuation as
+pieces; docs/tiny-shapes.md, "Ninth attempt").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from tiny_shapes.dataset import VOCABULARY
+from tiny_shapes import captions, dataset
 from tpu_demo.models.tiny_models import clip_config, build_clip_tokenizer, build_t5_tokenizer
 
-#: Pipeline call arguments the model was trained for (also written to demo_defaults.json).
-MAX_SEQUENCE_LENGTH = 24
-#: Characters the CLIP tokenizer keeps: the longest two-shape caption of the grammar is 112, so its
-#: pooled vector sees the whole caption (at CLIP's usual 77 it saw only the first object).
-CLIP_MAX_LENGTH = 128
+
+@dataclass(frozen=True)
+class Wording:
+    """What the text side of a model is built for."""
+
+    words: tuple[str, ...]
+    #: punctuation as pieces of its own ("top-left," -> "top - left ,"); the grammar writes "top-left" as one word
+    split_punctuation: bool
+    #: T5 pieces the pipeline is called with (``max_sequence_length``; demo_defaults.json)
+    max_sequence_length: int
+    #: characters the CLIP tokenizer keeps, so its pooled vector sees the whole caption (at CLIP's
+    #: usual 77 it saw only the first object of a two-shape caption)
+    clip_max_length: int
+
+
+#: The grammar's 26 words; its longest two-shape caption is 112 characters, 23 pieces.
+GRAMMAR = Wording(dataset.VOCABULARY, False, 24, 128)
+#: The caption generator's words and marks; its longest captions are 31 pieces.
+VARIED = Wording(captions.WORDS + captions.PUNCTUATION, True, 32, 160)
+WORDINGS = {"grammar": GRAMMAR, "varied": VARIED}
+#: The shipped weights' call length (demo_defaults.json, the catalog's call_kwargs).
+MAX_SEQUENCE_LENGTH = GRAMMAR.max_sequence_length
+
+
+def build_t5_word_tokenizer(wording: Wording = GRAMMAR):
+    """The T5 tokenizer of the model: one Unigram piece per word of ``wording``, character pieces
+    for the rest, and a normaliser that lowercases (NFKC first, as SentencePiece's ``nmt_nfkc_cf``
+    rule does). For lower-case text its ids are those of the plain ``build_t5_tokenizer``.
+
+    ``T5Tokenizer.from_pretrained`` rebuilds its normaliser and pre-tokenizer from scratch, so the
+    pipeline keeps this one as a plain ``PreTrainedTokenizerFast``: ``from_pretrained`` then loads
+    ``tokenizer.json`` as saved, and lowercasing needs no code in the app.
+    """
+    from tokenizers import normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = build_t5_tokenizer(words=wording.words, max_length=wording.max_sequence_length).backend_tokenizer
+    backend.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    split = [pre_tokenizers.WhitespaceSplit()] + ([pre_tokenizers.Punctuation("isolated")]
+                                                   if wording.split_punctuation else [])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        split + [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=wording.max_sequence_length)
 
 
 def build_vae(block_out_channels=(16, 32, 64), latent_channels: int = 4):
@@ -46,11 +92,11 @@ def build_transformer(latent_channels: int = 4, heads: int = 4, head_dim: int = 
     )
 
 
-def build_text_encoders(text_dim: int = 64):
+def build_text_encoders(text_dim: int = 64, clip_max_length: int = GRAMMAR.clip_max_length):
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     config = clip_config(projection=False)
-    config.max_position_embeddings = CLIP_MAX_LENGTH
+    config.max_position_embeddings = clip_max_length
     clip = CLIPTextModel(config)
     # 32 relative-position buckets (T5's default) tell apart every distance up to 7 words in each
     # direction, the length of one object's phrase; with 8, distances 2-15 shared one bucket and
@@ -63,18 +109,19 @@ def build_text_encoders(text_dim: int = 64):
     return clip, t5
 
 
-def build_shapes_pipeline(seed: int = 0, vae_blocks=(16, 32, 64), latent_channels: int = 4, **transformer_kwargs):
+def build_shapes_pipeline(seed: int = 0, vae_blocks=(16, 32, 64), latent_channels: int = 4,
+                          wording: Wording = GRAMMAR, **transformer_kwargs):
     """A random-weight FluxPipeline of the tiny-shapes architecture, deterministic from ``seed``."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
 
     torch.manual_seed(seed)
-    clip, t5 = build_text_encoders()
+    clip, t5 = build_text_encoders(clip_max_length=wording.clip_max_length)
     vae = build_vae(vae_blocks, latent_channels)
     transformer = build_transformer(latent_channels, **transformer_kwargs)
     pipe = FluxPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False),
-        vae=vae, text_encoder=clip, tokenizer=build_clip_tokenizer(max_length=CLIP_MAX_LENGTH),
-        text_encoder_2=t5, tokenizer_2=build_t5_tokenizer(words=VOCABULARY, max_length=MAX_SEQUENCE_LENGTH),
+        vae=vae, text_encoder=clip, tokenizer=build_clip_tokenizer(max_length=wording.clip_max_length),
+        text_encoder_2=t5, tokenizer_2=build_t5_word_tokenizer(wording),
         transformer=transformer,
     )
     pipe.set_progress_bar_config(disable=True)

@@ -81,6 +81,16 @@ class ModelSpec:
     #: files of the hub repo the app never reads (single-file checkpoints that duplicate the
     #: diffusers folders): ``hf download --exclude`` patterns, the same as deploy/k8s's manifests
     download_exclude: tuple[str, ...] = ()
+    #: short name used in page lines ("not in Tiny Shapes' vocabulary"); the title when empty
+    short_title: str = ""
+
+    @property
+    def vocabulary_path(self) -> Path | None:
+        """Where the weights declare their vocabulary (``vocabulary.json`` in an ``assets:`` model's
+        folder; tiny_shapes writes it when it trains); None for hub and built-in models."""
+        if not self.source.startswith("assets:"):
+            return None
+        return ASSETS_DIR / self.source.removeprefix("assets:") / "vocabulary.json"
 
     def pipeline_kwargs(self, guidance: float, negative_prompt: str = "") -> dict[str, object]:
         """Keyword arguments of every pipeline call besides prompt, size, steps and generator."""
@@ -165,6 +175,7 @@ _ENTRIES = (
         guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_TINY_BUCKETS, size_multiple=8,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         negative_prompt=True, call_kwargs={"max_sequence_length": 24}, example_prompts_file="tiny_shapes_prompts.txt",
+        short_title="Tiny Shapes",
     ),
     ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import random
+import re
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -48,25 +49,34 @@ class UiSettings:
 MAX_EXAMPLES = 12
 
 
-def example_rows(spec: ModelSpec) -> list[tuple[str, str]]:
-    """(prompt, resolution) of each example of the model's prompts file (at most MAX_EXAMPLES). A line may end
-    with ``| WIDTHxHEIGHT`` naming one of the model's buckets; otherwise the example keeps the first."""
+def example_rows(spec: ModelSpec) -> list[tuple[str, str, int]]:
+    """(prompt, resolution, images) of each example of the model's prompts file (at most MAX_EXAMPLES).
+    A line may end with ``| WIDTHxHEIGHT`` naming one of the model's buckets, then with ``| N images``
+    (a prompt that leaves attributes to the seed shows its variety in several images); otherwise the
+    example keeps the first bucket and one image."""
     path = ASSETS_DIR / spec.example_prompts_file
     if not path.is_file():
         return []
     buckets = {str(bucket) for bucket in spec.buckets}
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        text, _, resolution = line.strip().rpartition(" | ")
-        if not (text and resolution.strip() in buckets):
-            text, resolution = line.strip(), str(spec.buckets[0])
+        text, images = line.strip(), 1
+        head, _, tail = text.rpartition(" | ")
+        count = re.fullmatch(r"(\d+) images?", tail.strip())
+        if head and count:
+            text, images = head, int(count.group(1))
+        head, _, resolution = text.rpartition(" | ")
+        if head and resolution.strip() in buckets:
+            text, resolution = head, resolution.strip()
+        else:
+            resolution = str(spec.buckets[0])
         if text:
-            rows.append((text, resolution.strip()))
+            rows.append((text, resolution, images))
     return rows[:MAX_EXAMPLES]
 
 
 def example_prompts(spec: ModelSpec) -> list[str]:
-    return [text for text, _ in example_rows(spec)]
+    return [text for text, _, _ in example_rows(spec)]
 
 
 def _progress_text(event: StepProgress, images: int) -> str:
