@@ -83,25 +83,9 @@ def main() -> None:
             blocked = guard_network(context)
             page = context.new_page()
             page.goto(url)
-            if args.before_use:
-                shoot(page, args)
-                browser.close()
-                return
-            page.fill("#prompt textarea", prompt)
-            page.click("#advanced button.label-wrap")  # open "Advanced" so the shot shows every control
-            page.get_by_label("Randomize seed").uncheck()
-            page.get_by_label("Seed", exact=True).fill(str(args.seed))
-            page.fill("#num-images input[type=number]", str(args.num_images))
-            page.press("#num-images input[type=number]", "Tab")
-            page.click("#generate")
-            wait_for_gallery_images(page, args.num_images, timeout_ms=120_000)
-            if not args.no_compare:
-                page.click("#compare")
-                page.wait_for_function("""() => document.querySelectorAll('#compare-gallery .grid-container img').length === 3
-                    && document.querySelector('#compare-summary').innerText.includes('Warm against warm')""",
-                                       timeout=300_000)
-                page.wait_for_function("document.querySelectorAll('#speed-chart svg .mark-rect path').length >= 3",
-                                       timeout=30_000)
+            page.wait_for_selector("#examples", state="visible")
+            if not args.before_use:
+                use_the_page(page, args, prompt)
             shoot(page, args)
             browser.close()
         if blocked:
@@ -109,6 +93,25 @@ def main() -> None:
         print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
     finally:
         stop_app(app)
+
+
+def use_the_page(page, args: argparse.Namespace, prompt: str) -> None:
+    """Generate with a fixed seed, then (unless --no-compare) Compare modes and wait for the chart."""
+    page.fill("#prompt textarea", prompt)
+    page.click("#advanced button.label-wrap")  # open "Advanced" so the shot shows every control
+    page.get_by_label("Randomize seed").uncheck()
+    page.get_by_label("Seed", exact=True).fill(str(args.seed))
+    page.fill("#num-images input[type=number]", str(args.num_images))
+    page.press("#num-images input[type=number]", "Tab")
+    page.click("#generate")
+    wait_for_gallery_images(page, args.num_images, timeout_ms=120_000)
+    if not args.no_compare:
+        page.click("#compare")
+        page.wait_for_function("""() => document.querySelectorAll('#compare-gallery .grid-container img').length === 3
+            && document.querySelector('#compare-summary').innerText.includes('Warm against warm')""",
+                               timeout=300_000)
+        page.wait_for_function("document.querySelectorAll('#speed-chart svg .mark-rect path').length >= 3",
+                               timeout=30_000)
 
 
 def shoot(page, args: argparse.Namespace) -> None:
