@@ -36,9 +36,12 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         header = gr.HTML(handlers.header_html(spec.id), elem_id="demo-header")
         with gr.Row(equal_height=False, elem_id="main-row"):
             with gr.Column(scale=2, min_width=300, elem_id="controls-column"):
-                # rendered below the examples, which set it: created first so they can name it
+                # rendered below the examples, which set them: created first so they can name them
                 resolution = gr.Dropdown(label="Resolution", choices=handlers.resolution_choices(spec),
                                          value=str(spec.buckets[0]), elem_id="resolution", render=False)
+                num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
+                                       step=1, value=min(2, settings.limits.max_images), elem_id="num-images",
+                                       render=False)
                 prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
                                     placeholder="Describe the image, then press Enter",
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
@@ -50,7 +53,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                                elem_id="compare")
                     stop_button = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
                 # right under the prompt, so a phone's first screen holds prompt, buttons and examples
-                example_list(spec, prompt, resolution)
+                example_list(spec, prompt, resolution, num_images, settings.limits.max_images)
                 model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
                                     value=spec.id, elem_id="model")
                 mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
@@ -69,8 +72,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     with gr.Row():
                         seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
                         randomize = gr.Checkbox(label="Randomize seed", value=True)
-                    num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
-                                           step=1, value=min(2, settings.limits.max_images), elem_id="num-images")
+                    num_images.render()
                     previews = gr.Checkbox(label="Live previews while denoising", value=True)
                 details = gr.Markdown(handlers.details_markdown(spec.id, settings.start_mode.value), elem_id="run-details")
             with gr.Column(scale=3, min_width=300, elem_id="results-column"):
@@ -149,15 +151,16 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
     return demo
 
 
-def example_list(spec: Any, prompt: Any, resolution: Any) -> None:
-    """The model's example prompts ("Try"); each sets the prompt and its bucket."""
+def example_list(spec: Any, prompt: Any, resolution: Any, num_images: Any, max_images: int) -> None:
+    """The model's example prompts ("Try"): each sets the prompt, its bucket and how many images
+    show it (a prompt that leaves attributes to the seed is listed with several)."""
     examples = example_rows(spec)
     if examples:
         # labelled, Gradio lays them out as buttons (Tab reaches each); unlabelled, several inputs make a
-        # table whose rows no key reaches. Gradio cuts a label at 60 characters: the bucket goes first
-        labels = [example_label(text, size, 1, str(spec.buckets[0])) for text, size in examples]
-        gr.Examples(examples=[list(row) for row in examples], inputs=[prompt, resolution], label="Try",
-                    elem_id="examples", example_labels=labels)
+        # table whose rows no key reaches. Gradio cuts a label at 60 characters: bucket and count go first
+        labels = [example_label(text, size, n, str(spec.buckets[0])) for text, size, n in examples]
+        gr.Examples(examples=[[text, size, min(n, max_images)] for text, size, n in examples],
+                    inputs=[prompt, resolution, num_images], label="Try", elem_id="examples", example_labels=labels)
 
 
 def example_label(text: str, size: str, images: int, first_bucket: str) -> str:
