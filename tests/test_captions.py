@@ -40,7 +40,7 @@ def _training_prompts(per_bucket: int | None = None) -> list[captions.Prompt]:
 
 @pytest.mark.quick
 def test_held_out_phrasings_are_never_trained_and_are_written_with_trained_words():
-    train = _training_prompts(per_bucket=3000)
+    train = _training_prompts(per_bucket=1000)
     patterns = [re.compile(p) for p, _ in captions.HELD_OUT_TEMPLATES.values()]
     assert not [p.text for p in train if any(r.search(p.text.lower()) for r in patterns)]
     held = captions.held_out_phrasings(sd.held_out_prompts() + sd.held_out_two_shape_prompts())
@@ -61,7 +61,7 @@ def test_no_caption_of_the_full_training_run_uses_a_held_out_phrasing():
 
 @pytest.mark.quick
 def test_generator_writes_synonyms_orders_and_left_out_attributes():
-    prompts = _training_prompts(per_bucket=1500)
+    prompts = _training_prompts(per_bucket=1000)
     text = " | ".join(p.text for p in prompts)
     for phrase in ("top left", "top-left", "upper left", "corner", "centre", "middle", "centered", "grey", "big",
                    "little", "on white", "against a", "background,", "a picture of", "an image of", "draw ", "."):
