@@ -10,6 +10,7 @@ is over 350 lines.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,15 @@ def test_every_module_fits_its_job():
     long = {str(path.relative_to(ROOT)): lines for path in PACKAGE.rglob("*.py")
             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert long == {}
+
+
+#: README.md is the newcomer's page: the detail lives in docs/
+MAX_README_LINES = 220
+
+
+def test_readme_is_short_and_gives_the_two_set_up_commands_first():
+    """README.md fits MAX_README_LINES and its first two code blocks are the two set-up commands."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= MAX_README_LINES
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", readme, flags=re.S)
+    assert [b.strip() for b in blocks[:2]] == ["pip install -r requirements.txt && python app.py", "bash scripts/test.sh"]

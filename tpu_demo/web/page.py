@@ -134,8 +134,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     [model], [negative_prompt], api_visibility="private", queue=False)
         timer.tick(lambda model_id, seen: chart.refresh(handlers.engine.recent, model_id, seen), [model, chart_seen],
                    [speed_plot, speed_table, chart_seen], api_visibility="private", queue=False, show_progress="hidden")
+        # show_progress="hidden": Gradio dims a pending Markdown to 20% opacity, unreadable while it refreshes
         about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], api_visibility="private",
-                           queue=False)
+                           queue=False, show_progress="hidden")
         demo.unload(history.drop)
         stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
