@@ -157,11 +157,18 @@ def test_stop_flags_are_per_session_and_bounded(make_engine):
     assert anonymous[0] is not anonymous[1] and not ui._stops  # callers without a session share nothing
     ui.stop(None)
     assert not any(flag.is_set() for flag in anonymous)
-    mine = ui.armed_stop(SimpleNamespace(session_hash="mine"))
-    ui.stop(SimpleNamespace(session_hash="someone-else"))
+    owner, other = "o" * 32, "x" * 32  # the server-issued owner secrets (web/callers.py) of two clients
+
+    def caller(session: str, secret: str | None = owner) -> SimpleNamespace:
+        return SimpleNamespace(session_hash=session, headers={"cookie": f"tpu_demo_owner={secret}"} if secret else {})
+
+    mine = ui.armed_stop(caller("mine"))
+    ui.stop(caller("someone-else"))
+    ui.stop(caller("mine", other))  # the same session hash from another client: its own flag, not mine
+    ui.stop(caller("mine", None))  # or from a caller without the secret
     assert not mine.is_set()
-    ui.stop(SimpleNamespace(session_hash="mine"))
+    ui.stop(caller("mine"))
     assert mine.is_set()
     for index in range(web_handlers.MAX_ARMED_SESSIONS + 50):
-        ui.arm_stop_and_pick_seed(1, False, SimpleNamespace(session_hash=f"flood-{index}"))
+        ui.arm_stop_and_pick_seed(1, False, caller(f"flood-{index}"))
     assert len(ui._stops) == web_handlers.MAX_ARMED_SESSIONS

@@ -172,6 +172,9 @@ class AppConfig:
     warm: str = flag("start", "what start-up warms before /ready says ready: the start model's buckets, or every "
                      "offered model's, one model at a time, into the compile cache (then the start model stays "
                      "loaded)", _choice(["start", "all"]))
+    no_mcp: bool = flag(False, "do not serve Gradio's MCP server (on by default: streamable HTTP at /gradio_api/mcp/, "
+                        "the tools generate_images, compare_execution_modes and list_models under the same limits "
+                        "as the page)", None)
     share: bool = flag(False, "create a public gradio.live link (contacts Gradio's share servers)", None)
     chips: str | None = flag(None, "put every chip of this host to work: 'all' (each TPU chip) or a number N; one "
                              "engine per chip behind nginx on --host/--port when every offered model fits one chip, "

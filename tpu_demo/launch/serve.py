@@ -10,7 +10,10 @@ import torch
 from starlette.middleware import Middleware
 
 from tpu_demo.web import gradio_queue
-from tpu_demo.web.admission import AdmissionLimits, AdmissionMiddleware, CancelRelay
+from tpu_demo.web.admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, CancelRelay
+from tpu_demo.web.callers import OwnerCookie
+from tpu_demo.web.mcp_guard import McpGuard
+from tpu_demo.web.mcp_tools import DEVICE_TOOLS
 from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
@@ -27,7 +30,7 @@ from tpu_demo.web.shutdown import stop_on_sigterm
 from tpu_demo.web.supervision import RequestSupervisor, SupervisionSettings
 from tpu_demo.web.handlers import PageHandlers, UiSettings
 from tpu_demo.web.history import SessionHistory
-from tpu_demo.web.page import GENERATE_API, GUARDED_APIS, build_page, launch_kwargs
+from tpu_demo.web.page import GENERATION_APIS, GUARDED_APIS, build_page, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
 
@@ -134,20 +137,24 @@ def launch(app: App, **kwargs) -> None:
     """Start the HTTP server; blocks unless ``prevent_thread_lock=True`` is passed."""
     app.demo.launch(server_name=app.config.host, server_port=app.config.port or None, share=app.config.share,
                     show_error=False, max_file_size=MAX_UPLOAD, app_kwargs=hardening_app_kwargs(app),
-                    **launch_kwargs(), **kwargs)
+                    mcp_server=not app.config.no_mcp, **launch_kwargs(), **kwargs)
 
 
 def hardening_app_kwargs(app: App) -> dict:
-    """The health and readiness routes and the per-client admission check, handed to Gradio's FastAPI app."""
+    """The health and readiness routes, the owner cookie, the MCP guard and the per-client admission
+    check, handed to Gradio's FastAPI app (the first middleware listed sees a request first)."""
     limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
                              max_per_ip=app.config.max_per_ip)
+    # one gate for every door: the page and API through the queue, MCP tool calls before their loopback
+    gate = AdmissionGate(limits, current_events=lambda: guarded_events(app))
     return {
         # waiting = in Gradio's queue, or in a running handler that has not reached the device yet
         "routes": health_routes(app.engine, lambda: waiting_requests(app),
                                 app.ui.supervisor.active,
                                 app.readiness),
-        "middleware": [Middleware(AdmissionMiddleware, limits=limits, api_names=GUARDED_APIS,
-                                  current_events=lambda: guarded_events(app),
+        "middleware": [Middleware(McpGuard, gate=gate, guarded_tools=DEVICE_TOOLS, on_gone=app.ui.stop_caller),
+                       Middleware(OwnerCookie),
+                       Middleware(AdmissionMiddleware, gate=gate, api_names=GUARDED_APIS,
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
                                   event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
                                       app.demo, fn_index, api_name)),
@@ -158,7 +165,7 @@ def hardening_app_kwargs(app: App) -> dict:
 def guarded_events(app: App) -> list[gradio_queue.QueuedEvent]:
     """The queue's generations and comparisons; a generation is ``running`` once on the device
     (several generate handlers run at once, and a running one may still wait for the device)."""
-    return app.ui.device_view(gradio_queue.pending_events(app.demo, GUARDED_APIS), GENERATE_API)
+    return app.ui.device_view(gradio_queue.pending_events(app.demo, GUARDED_APIS), GENERATION_APIS)
 
 
 def waiting_requests(app: App) -> int:

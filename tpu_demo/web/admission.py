@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection, Iterable
 
+from tpu_demo.web.callers import session_key
 from tpu_demo.web.gradio_queue import EventInputs, QueuedEvent
 
 log = logging.getLogger("tpu_demo.requests")
@@ -110,7 +111,7 @@ def busy_reason(limits: AdmissionLimits, session_hash: str | None, client_host: 
     return None
 
 
-def _is_join(scope: Scope) -> bool:
+def is_join(scope: Scope) -> bool:
     path = scope.get("path", "")
     return path.endswith("/gradio_api/queue/join") or "/gradio_api/call/" in path
 
@@ -120,7 +121,7 @@ def _is_event_call(scope: Scope) -> bool:
     if scope.get("type") != "http" or scope.get("method") != "POST":
         return False
     path = scope.get("path", "")
-    return _is_join(scope) or "/gradio_api/run/" in path or "/gradio_api/api/" in path
+    return is_join(scope) or "/gradio_api/run/" in path or "/gradio_api/api/" in path
 
 
 def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False) -> str | None:
@@ -138,66 +139,89 @@ def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False) -> 
     return None
 
 
+class AdmissionGate:
+    """The limits and what they count, shared by every door that admits device work (this middleware
+    and the MCP guard, web/mcp_guard.py), so one client's share is one share whichever door it uses.
+
+    ``current_events`` returns the limited endpoints' requests the queue holds now; ``device_waiting``
+    how many of the running ones still wait for the device (several generate handlers run at once;
+    the device thread serialises their pipeline calls), so the queue bound keeps meaning "not yet on
+    the device". ``joining`` holds requests admitted but not queued yet, so two that arrive together
+    cannot both slip past.
+    """
+
+    def __init__(self, limits: AdmissionLimits, current_events: Callable[[], Iterable[QueuedEvent]],
+                 device_waiting: Callable[[], int] = lambda: 0):
+        self.limits = limits
+        self.current_events = current_events
+        self.device_waiting = device_waiting
+        self.joining: list[QueuedEvent] = []
+
+    def busy(self, session: str | None, client_host: str | None) -> str | None:
+        """Why a new request of this session and address must wait its turn, or None."""
+        return busy_reason(self.limits, session, client_host, [*self.current_events(), *self.joining],
+                           self.device_waiting())
+
+    async def admit(self, session: str | None, client_host: str | None) -> str | None:
+        """``busy``, re-checked for a moment: a request that just ended can still be listed."""
+        reason = self.busy(session, client_host)
+        for _ in range(int(_RECHECK_SECONDS / 0.05)):
+            if reason is None:
+                break
+            await asyncio.sleep(0.05)
+            reason = self.busy(session, client_host)
+        return reason
+
+
 class AdmissionMiddleware:
     """ASGI middleware in front of Gradio's ``/queue/join`` and ``/call/<api>`` routes.
 
-    ``current_events`` returns the limited endpoint's requests the queue holds now; ``fn_ids``
-    its handler ids (the ``fn_index`` of a join); ``device_waiting`` how many of the running
-    ones still wait for the device (several generate handlers run at once; the device thread
-    serialises their pipeline calls), so the queue bound keeps meaning "not yet on the device". Joins that are being handed to Gradio but not
-    queued yet count too, so two joins that arrive together cannot both slip past.
+    ``gate`` holds the limits and counts; ``fn_ids`` returns the limited handlers' ids (the
+    ``fn_index`` of a join). The session a join counts under is the owned one (web/callers.py).
     """
 
-    def __init__(self, app: Callable, limits: AdmissionLimits, api_names: str | Collection[str],
-                 current_events: Callable[[], Iterable[QueuedEvent]], fn_ids: Callable[[], set[int]],
-                 event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None,
-                 device_waiting: Callable[[], int] = lambda: 0):
+    def __init__(self, app: Callable, gate: AdmissionGate, api_names: str | Collection[str],
+                 fn_ids: Callable[[], set[int]],
+                 event_inputs: Callable[[Any, str | None], EventInputs | None] = lambda fn_index, api_name: None):
         self.app = app
-        self.limits = limits
-        #: every generation endpoint (generate, compare_modes): they share the device and one client's share
+        self.gate = gate
+        #: every generation endpoint (generate, compare_modes, the MCP tools): one client's share covers them
         self.api_names = frozenset({api_names} if isinstance(api_names, str) else api_names)
-        self.current_events = current_events
         self.fn_ids = fn_ids
         self.event_inputs = event_inputs
-        self.device_waiting = device_waiting
-        self._joining: list[QueuedEvent] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not _is_event_call(scope):
             await self.app(scope, receive, send)
             return
-        body, more = await _read_body(receive)
+        body, more = await read_body(receive)
         if more:
-            await _json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
+            await json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
                                                        "event calls carry a prompt and a few values"})
             return
         refusal = self._arity(scope, body)
         if refusal is not None:
             if self._limited(scope, body):
                 log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
-            await _json_response(send, 422, {"detail": refusal})
+            await json_response(send, 422, {"detail": refusal})
             return
         if not self._limited(scope, body):
-            await self.app(scope, _replay(body, False, receive), send)
+            await self.app(scope, replay_body(body, False, receive), send)
             return
-        session_hash = _json_field(body, "session_hash")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        session = session_key(json_field(body, "session_hash"), headers)
         client_host = (scope.get("client") or (None, None))[0]
-        reason = self._busy(session_hash, client_host)
-        for _ in range(int(_RECHECK_SECONDS / 0.05)):
-            if reason is None:
-                break
-            await asyncio.sleep(0.05)
-            reason = self._busy(session_hash, client_host)
+        reason = await self.gate.admit(session, client_host)
         if reason is not None:
             log.info(json.dumps({"event": "request", "outcome": "busy", "reason": reason.split(";")[0]}))
-            await _json_response(send, 503, {"detail": reason})
+            await json_response(send, 503, {"detail": reason})
             return
-        joining = QueuedEvent(session_hash=session_hash or "", client_host=client_host, running=False)
-        self._joining.append(joining)
+        joining = QueuedEvent(session_hash=session, client_host=client_host, running=False)
+        self.gate.joining.append(joining)
         try:
-            await self.app(scope, _replay(body, False, receive), send)
+            await self.app(scope, replay_body(body, False, receive), send)
         finally:
-            self._joining.remove(joining)
+            self.gate.joining.remove(joining)
 
     def _arity(self, scope: Scope, body: bytes) -> str | None:
         """A call whose ``data`` does not fit the handler it names; Gradio would answer it with no
@@ -221,17 +245,13 @@ class AdmissionMiddleware:
     def _limited(self, scope: Scope, body: bytes) -> bool:
         """Whether this call joins the queue for the limited endpoint (Generate)."""
         path = scope.get("path", "")
-        if not _is_join(scope):
+        if not is_join(scope):
             return False
         if "/gradio_api/call/" in path:
             return path.rstrip("/").rsplit("/", 1)[-1] in self.api_names
-        fn_index = _json_field(body, "fn_index")
+        fn_index = json_field(body, "fn_index")
         # only a join that names another handler passes unchecked; unreadable ones count, to be safe
         return not isinstance(fn_index, int) or fn_index in self.fn_ids()
-
-    def _busy(self, session_hash: str | None, client_host: str | None) -> str | None:
-        return busy_reason(self.limits, session_hash, client_host, [*self.current_events(), *self._joining],
-                           self.device_waiting())
 
 
 class CancelRelay:
@@ -248,14 +268,14 @@ class CancelRelay:
                 or not scope.get("path", "").rstrip("/").endswith("/gradio_api/cancel")):
             await self.app(scope, receive, send)
             return
-        body, more = await _read_body(receive)
-        event_id = None if more else _json_field(body, "event_id")
+        body, more = await read_body(receive)
+        event_id = None if more else json_field(body, "event_id")
         if isinstance(event_id, str):
             self.on_cancel(event_id)
-        await self.app(scope, _replay(body, more, receive), send)
+        await self.app(scope, replay_body(body, more, receive), send)
 
 
-async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+async def read_body(receive: Receive) -> tuple[bytes, bool]:
     """The request body up to MAX_CALL_BODY; ``more`` is True if it goes on past that."""
     chunks: list[bytes] = []
     size = 0
@@ -272,7 +292,7 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
             return b"".join(chunks), True
 
 
-def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
+def replay_body(body: bytes, more: bool, receive: Receive) -> Receive:
     sent = False
 
     async def replay() -> dict[str, Any]:
@@ -285,7 +305,7 @@ def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
     return replay
 
 
-def _json_field(body: bytes, name: str) -> Any:
+def json_field(body: bytes, name: str) -> Any:
     try:
         value = json.loads(body).get(name)
     except (ValueError, AttributeError):
@@ -293,7 +313,7 @@ def _json_field(body: bytes, name: str) -> Any:
     return value if value not in ("", None) and not isinstance(value, (dict, list)) else None
 
 
-async def _json_response(send: Send, status: int, payload: dict[str, Any]) -> None:
+async def json_response(send: Send, status: int, payload: dict[str, Any]) -> None:
     content = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),

@@ -18,6 +18,8 @@ from typing import Any, Collection, Iterator
 
 import gradio as gr
 
+from tpu_demo.web.callers import session_key
+
 
 #: Gradio's queue rebuilds its monitoring summary (a pandas DataFrame of up to 10 000 past events,
 #: grouped, with percentiles) after every event by default: O(events) of CPU per request on the
@@ -58,6 +60,7 @@ def set_queue_polling(blocks: gr.Blocks, seconds: float) -> bool:
 class QueuedEvent:
     """One generation a client has waiting or running."""
 
+    #: the caller's session as the limits count it (``callers.session_key``)
     session_hash: str
     client_host: str | None
     running: bool
@@ -128,7 +131,8 @@ def pending_events(blocks: gr.Blocks, api_names: str | Collection[str]) -> Itera
             continue
         request = getattr(event, "request", None)
         client = getattr(request, "client", None)
-        yield QueuedEvent(session_hash=str(getattr(event, "session_hash", "")),
+        # the owned session (web/callers.py): another caller naming the same hash is counted apart
+        yield QueuedEvent(session_hash=session_key(getattr(event, "session_hash", ""), getattr(request, "headers", None)),
                           client_host=getattr(client, "host", None), running=is_running,
                           event_id=getattr(event, "_id", None), api_name=getattr(getattr(event, "fn", None), "api_name", None))
 

@@ -12,7 +12,7 @@ import random
 import re
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator
 
 import gradio as gr
 
@@ -23,6 +23,7 @@ from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.core.vocabulary import load_vocabulary, vocabulary_note
 from tpu_demo.web.admission import WarmupThrottle
+from tpu_demo.web.callers import request_headers, stop_key
 from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html, user_error
 from tpu_demo.web.restore import SettingsRestore
 from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
@@ -174,8 +175,8 @@ class PageHandlers:
             self.release_stop(request, stop)
             files.remove()
 
-    def device_view(self, events: Iterable[QueuedEvent], api_name: str) -> list[QueuedEvent]:
-        """The queue's events, those of the generate endpoint ``api_name`` ``running`` only once on the device.
+    def device_view(self, events: Iterable[QueuedEvent], api_name: str | Collection[str]) -> list[QueuedEvent]:
+        """The queue's events, those of the generate endpoints ``api_name`` ``running`` only once on the device.
 
         Several generate handlers run at once and a running one may still wait for the device; the
         queue bound counts it as waiting, as before handlers overlapped. An event counts as on the
@@ -184,12 +185,18 @@ class PageHandlers:
         events = list(events)
         with self._reached_lock:
             self._reached &= {e.event_id for e in events if e.running and e.event_id}  # forget events that ended
-            return [replace(e, running=e.running and e.event_id in self._reached) if e.api_name == api_name else e
+            names = {api_name} if isinstance(api_name, str) else set(api_name)
+            return [replace(e, running=e.running and e.event_id in self._reached) if e.api_name in names else e
                     for e in events]
 
     def stop(self, request: gr.Request = None) -> None:
-        """Stop this session's running generation at its next denoising step."""
+        """Stop this session's running generation at its next denoising step (only the caller holding
+        the session's owner secret reaches it)."""
         self._stops.stop(self._session(request))
+
+    def stop_caller(self, key: str) -> None:
+        """Stop the run of caller ``key`` (``callers.stop_key``): an MCP call whose client went away."""
+        self._stops.stop(key)
 
     def switch_model(self, model_id: Any, mode: Any, request: gr.Request = None):
         """A user picked another model: its defaults, and warm it in the background (see _warm)."""
@@ -280,9 +287,9 @@ class PageHandlers:
     # ---- helpers --------------------------------------------------------------------------
     @staticmethod
     def _session(request: gr.Request | None) -> str | None:
-        """The caller's session; None for a call without one (it gets a flag nobody else holds)."""
-        session = getattr(request, "session_hash", None)
-        return session if isinstance(session, str) and session else None
+        """Whose Stop flag this is (web/callers.py: owner secret and session, or the MCP call); None for a
+        caller that proved nothing (it gets a flag nobody else holds)."""
+        return stop_key(getattr(request, "session_hash", None), request_headers(request))
 
     def _new_stop(self, request: gr.Request | None) -> threading.Event:
         return self._stops.arm(self._session(request))

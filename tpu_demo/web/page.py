@@ -13,7 +13,9 @@ from tpu_demo.web.about import about_markdown
 from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
+from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools
 from tpu_demo.web.outputs import NO_PREVIEW
+from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
 DEVICE_CONCURRENCY_ID = "device"
@@ -21,14 +23,17 @@ DEVICE_CONCURRENCY_ID = "device"
 COMPARE_CONCURRENCY_ID = "compare"
 #: the public endpoint (gradio_client: api_name="/generate")
 GENERATE_API = "generate"
-#: every endpoint that runs the device: admission limits apply to them together
-GUARDED_APIS = (GENERATE_API, COMPARE_API)
+#: every endpoint that runs the device (the MCP tools' too): admission limits apply to them together
+GUARDED_APIS = (GENERATE_API, COMPARE_API, *DEVICE_TOOLS)
+#: the endpoints whose handlers may wait for the device after Gradio counts them running
+GENERATION_APIS = (GENERATE_API, GENERATE_TOOL)
 
 
 def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
     history = history or SessionHistory()
     comparer = CompareHandler(handlers)
     settings = handlers.settings
+    share = ShareLinks(settings.limits, handlers._checked, handlers._model_controls)
     spec = handlers.engine.spec(settings.start_model)
     modes = [(m.title, m.value) for m in settings.limits.offered_modes]
     # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
@@ -47,6 +52,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
                 # words outside the model's declared vocabulary (tiny-shapes declares one), if any
                 vocabulary = gr.Markdown("", visible=False, elem_id="vocabulary-note")
+                # a page opened from a reproduce link: what it filled (or which parameter is wrong)
+                link_note = gr.HTML("", visible=False, elem_id="link-note")
+                generate_this = gr.Button("Generate this", variant="primary", visible=False, elem_id="generate-this")
                 with gr.Row(elem_id="actions"):
                     generate_button = gr.Button("Generate", variant="primary", scale=3, elem_id="generate")
                     compare_button = gr.Button("Compare modes", variant="secondary", scale=2, min_width=120,
@@ -95,6 +103,10 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                 selected = gr.State(None)
                 with gr.Row(elem_id="reuse-row"):
                     reuse_button = gr.Button("Reuse settings of the selected image", size="sm", elem_id="reuse")
+                    copy_link = gr.Button("Copy link to the selected image", size="sm", elem_id="copy-link")
+                link_box = gr.Textbox(label="Link that reproduces the image", interactive=False, visible=False,
+                                      buttons=["copy"], elem_id="image-link")
+                page_query = gr.Textbox(visible=False, elem_id="page-query")
                 # a File, not an Image: Gradio's Image opens uploads with PIL; the PNG is read here
                 # from its chunk headers only (bounded size, never decoded: pngmeta.read_settings_file)
                 dropped = gr.File(label="Drop a PNG made here to restore its settings", type="filepath",
@@ -107,11 +119,11 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
 
         inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews, negative_prompt]
         generation = gr.on(
-            triggers=[generate_button.click, prompt.submit], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
+            triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs=inputs, outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
-            postprocess=False,
+            postprocess=False, api_visibility="undocumented",  # callable as before; the MCP tools are the documented API
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         # the history shows earlier runs only: never the run in the gallery or in the comparison
@@ -122,6 +134,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         ).then(
             comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed],
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
+            api_visibility="undocumented",
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
@@ -138,7 +151,18 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], api_visibility="private",
                            queue=False, show_progress="hidden")
         demo.unload(history.drop)
-        stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
+        stop_button.click(handlers.stop, None, None, queue=False, api_name="stop", api_visibility="undocumented")
+        copy_link.click(share.link_query, [gallery, selected], [link_box], api_visibility="private", queue=False).then(
+            None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
+        demo.load(share.open_link, [page_query], [prompt, model, mode, resolution, steps, guidance, seed, randomize,
+                                                  header, details, negative_prompt, num_images, link_note, generate_this],
+                  js=QUERY_JS, api_visibility="private", queue=False)
+        # the MCP tools (Gradio's MCP server serves every public endpoint as one): same queues as the page
+        generate_tool, compare_tool, models_tool = McpTools(handlers, comparer, gallery).build()
+        gr.api(generate_tool, api_name=GENERATE_TOOL, concurrency_id=DEVICE_CONCURRENCY_ID,
+               concurrency_limit=settings.generate_concurrency)
+        gr.api(compare_tool, api_name=COMPARE_TOOL, concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1)
+        gr.api(models_tool, api_name=MODELS_TOOL, queue=False)
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
                     api_visibility="private", queue=False)
         restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt]

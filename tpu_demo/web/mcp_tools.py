@@ -1,0 +1,217 @@
+"""The MCP tools (Gradio's MCP server turns each public ``gr.api`` endpoint into one): generate images,
+compare modes, list models.
+
+Each tool is a plain function whose docstring Gradio turns into the tool's description and argument
+schema, so the docstrings are written for this server (its models, buckets, ranges and defaults) when
+the page is built. The device tools run the page's own handlers (validation naming the field,
+supervision, the one log line, Stop flags) under the same queue and concurrency ids, and answer with
+text: what ran, then each image's URL (a PNG carrying its settings) and the link that reproduces it.
+One output of text on purpose: Gradio 6.31's MCP server turns several outputs, or a generator's, into
+one string unless the client asked for progress, so a tool here returns exactly one value.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import gradio as gr
+from gradio import route_utils
+
+from tpu_demo.core import links
+from tpu_demo.core.events import BucketState
+from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.request import MAX_SEED, RequestError, check_model, validate_request
+from tpu_demo.web.outputs import user_error
+
+if TYPE_CHECKING:
+    from tpu_demo.web.compare import CompareHandler
+    from tpu_demo.web.handlers import PageHandlers
+
+#: the tools' endpoint names (= tool names); the first two run the device and are admission-guarded
+GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL = "generate_images", "compare_execution_modes", "list_models"
+DEVICE_TOOLS = (GENERATE_TOOL, COMPARE_TOOL)
+
+
+def _root_url(request: gr.Request | None) -> str:
+    """This server as the caller reached it (its Host, or a proxy's X-Forwarded-Host / -Proto)."""
+    inner = getattr(request, "request", None)
+    if inner is None:
+        return ""
+    return route_utils.get_root_url(request=inner, route_path=inner.url.path, root_path=None)
+
+
+class McpTools:
+    """The three tools around the page's handlers; ``keeper`` is a page component whose Gradio cache
+    keeps the images served (cleaned with the rest of the cache by ``delete_cache``)."""
+
+    def __init__(self, handlers: "PageHandlers", comparer: "CompareHandler", keeper: gr.components.Component):
+        self.handlers, self.comparer, self.keeper = handlers, comparer, keeper
+        self.engine, self.limits = handlers.engine, handlers.settings.limits
+
+    # ---- text for the docstrings ---------------------------------------------------------------
+    def _per_model(self, describe: Callable[[Any], str]) -> str:
+        return "; ".join(f"{m}: {describe(self.engine.spec(m))}" for m in self.engine.specs)
+
+    def _arg_docs(self) -> dict[str, str]:
+        settings, limits = self.handlers.settings, self.limits
+        modes = ", ".join(f"{m.value} ({m.title})" for m in limits.offered_modes)
+        takes_negative = [m for m in self.engine.specs if self.engine.spec(m).negative_prompt]
+
+        def guidance(spec: Any) -> str:
+            if spec.guidance_range is None:
+                return f"fixed at {spec.default_guidance} (any value 0-20 is accepted and ignored)"
+            return f"{spec.guidance_range[0]}-{spec.guidance_range[1]}, default {spec.default_guidance}"
+
+        return {
+            "prompt": f"what to draw, 1-{limits.max_prompt_chars} characters of plain text (required).",
+            "model": f"one of {', '.join(self.engine.specs)}; default {settings.start_model}.",
+            "mode": f"execution mode, one of {modes}; default {settings.start_mode.value}.",
+            "resolution": ("WIDTHxHEIGHT, one of the model's buckets (" + self._per_model(
+                lambda s: ", ".join(str(b) for b in s.buckets)) + "); default: the model's first bucket."),
+            "num_inference_steps": "denoising steps (" + self._per_model(
+                lambda s: f"{s.min_steps}-{s.max_steps}, default {s.default_steps}") + "); default: the model's.",
+            "guidance_scale": "guidance scale (" + self._per_model(guidance) + "); default: the model's.",
+            "seed": f"0-{MAX_SEED}; image i uses seed + i; default 0.",
+            "num_images": f"1-{limits.max_images}; default 1.",
+            "negative_prompt": ("what the image should not show (only " + (", ".join(takes_negative) or "no model here")
+                                + " take one; leave empty for the others); default empty."),
+        }
+
+    def _doc(self, summary: str, names: tuple[str, ...], returns: str) -> str:
+        docs = self._arg_docs()
+        return (summary + "\n\nArgs:\n" + "\n".join(f"    {name}: {docs[name]}" for name in names)
+                + f"\n\nReturns:\n    {returns}")
+
+    # ---- the tools -----------------------------------------------------------------------------
+    def build(self) -> tuple[Callable, Callable, Callable]:
+        """The three tool functions (for ``gr.api``), their docstrings written for this server."""
+        start_model, start_mode = self.handlers.settings.start_model, self.handlers.settings.start_mode.value
+
+        def generate_images(prompt: str, model: str = start_model, mode: str = start_mode, resolution: str = "",
+                            num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                            seed: int = 0, num_images: int = 1, negative_prompt: str = "",
+                            request: gr.Request = None) -> str:
+            return self.generate(prompt, model, mode, resolution, num_inference_steps, guidance_scale, seed,
+                                 num_images, negative_prompt, request)
+
+        def compare_execution_modes(prompt: str, model: str = start_model, resolution: str = "",
+                                    num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                                    seed: int = 0, negative_prompt: str = "", request: gr.Request = None) -> str:
+            return self.compare(prompt, model, resolution, num_inference_steps, guidance_scale, seed, negative_prompt,
+                                request)
+
+        def list_models() -> str:
+            return self.models_json()
+
+        device = self.engine.device.badge
+        generate_images.__doc__ = self._doc(
+            f"Generate images from a text prompt with a diffusers pipeline on this server ({device}), one warm "
+            "compiled graph per resolution bucket. Each image is a PNG URL carrying its settings, with a link "
+            "that reopens the demo page with them.", tuple(links.LINK_FIELDS.values()) + ("num_images",),
+            "text: what ran (device, model, mode, bucket warm or compiled, seconds), then per image its seed, "
+            "timings, PNG URL and reproduce link.")
+        compare_execution_modes.__doc__ = self._doc(
+            "Run one prompt and seed in all three execution modes (strict eager, optimized eager, compiled) "
+            "and compare them warm against warm: seconds per image, speedup over strict eager and the "
+            "largest pixel difference.", ("prompt", "model", "resolution", "num_inference_steps",
+                                           "guidance_scale", "seed", "negative_prompt"),
+            "text: one line per mode with its timing and the URL of its image.")
+        list_models.__doc__ = ("List the models this server offers: their resolution buckets, step and guidance "
+                               "ranges and defaults, and which buckets are warm (compiled) in each mode.\n\n"
+                               "Returns:\n    JSON text: device, modes, limits and one entry per model.")
+        return generate_images, compare_execution_modes, list_models
+
+    def _raw(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any) -> dict[str, Any]:
+        """Fill the model's defaults for what the caller left out (the rest is checked as sent)."""
+        try:
+            spec = self.engine.spec(check_model(model, self.limits).id)
+        except RequestError as error:
+            self.handlers.supervisor.reject(error)
+            raise user_error(str(error), "Invalid input") from None
+        return dict(prompt=prompt, model=model, resolution=resolution if resolution not in ("", None) else str(spec.buckets[0]),
+                    num_inference_steps=spec.default_steps if steps is None else steps,
+                    guidance_scale=spec.default_guidance if guidance is None else guidance)
+
+    def _keep(self, path: str) -> str:
+        return str(self.keeper.move_resource_to_block_cache(path))
+
+    def _warmth(self, model: str, mode: str, resolution: str) -> str:
+        rows = [b for b in self.engine.buckets_for(model, ExecutionMode(mode)) if b.resolution == resolution]
+        return "warm" if any(b.state is BucketState.WARM for b in rows) else "cold (compiled for this request)"
+
+    def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
+                 num_images: Any, negative_prompt: Any, request: gr.Request | None) -> str:
+        raw = self._raw(prompt, model, resolution, steps, guidance)
+        try:  # checked here first only to say how warm the bucket was before the run; generate checks again
+            checked = validate_request(dict(raw, mode=mode, seed=seed, num_images=num_images,
+                                            negative_prompt=negative_prompt), self.limits)
+            warmth = self._warmth(checked.model, checked.mode.value, checked.resolution)
+        except RequestError:
+            checked, warmth = None, ""
+        started = time.perf_counter()
+        gallery: list[dict] = []
+        kept: dict[str, str] = {}
+        for gallery, _ in self.handlers.generate(raw["prompt"], raw["model"], mode, raw["resolution"],
+                                                 raw["num_inference_steps"], raw["guidance_scale"], seed, num_images,
+                                                 False, negative_prompt, request=request):
+            for item in gallery:  # into Gradio's cache before the handler's own files go
+                path = item["image"]["path"]
+                kept.setdefault(path, self._keep(path))
+        seconds = time.perf_counter() - started
+        if checked is None:  # generate validated the same fields and finished: cannot happen
+            raise user_error("the request could not be described", "Generation failed")
+        root = _root_url(request)
+        lines = [f"Ran {len(gallery)} image(s) of {checked.model} at {checked.resolution} on {self.engine.device.badge}, "
+                 f"mode {self.engine.mode_description(checked.mode)}; bucket {warmth} before the request; "
+                 f"{seconds:.2f} s in all."]
+        for index, item in enumerate(gallery):
+            settings = dict(checked.as_dict(), resolution=checked.resolution, seed=checked.seed + index)
+            lines.append(f"image {index + 1}: {item['caption']}\n  png: {root}/gradio_api/file={kept[item['image']['path']]}"
+                         f"\n  link: {root}/?{links.link_query(settings)}")
+        return "\n".join(lines)
+
+    def compare(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
+                negative_prompt: Any, request: gr.Request | None) -> str:
+        raw = self._raw(prompt, model, resolution, steps, guidance)
+        final: tuple[Any, ...] = ()
+        updates: Iterator = self.comparer.compare_modes(raw["prompt"], negative_prompt, raw["model"], raw["resolution"],
+                                                        raw["num_inference_steps"], raw["guidance_scale"], seed,
+                                                        request=request)
+        for update in updates:
+            final = update
+        gallery, _, figures = final
+        root = _root_url(request)
+        lines = [f"Compared on {self.engine.device.badge}, warm against warm, fastest of {figures['timed_rounds']} "
+                 f"timed rounds per mode:"]
+        for (path, _), run in zip(gallery, figures["modes"]):
+            bucket = "warm" if run["warm_before"] else f"cold, warmed first in {run['warmup_seconds'] or 0:.2f} s"
+            lines.append(f"{run['mode']} ({run['description']}): {run['denoise_seconds']:.3f} s, "
+                         f"{run['steps_per_second']:.1f} steps/s, {run['speedup_vs_strict_eager']:.2f}x strict eager, "
+                         f"max pixel diff {run['max_pixel_difference']}, bucket {bucket}\n"
+                         f"  png: {root}/gradio_api/file={self._keep(path)}")
+        for group in figures["same_code"]:
+            lines.append(f"Same code on this device: {' and '.join(group)} (their difference is noise).")
+        return "\n".join(lines)
+
+    def models_json(self) -> str:
+        modes = self.limits.offered_modes
+        models = []
+        for model_id in self.engine.specs:
+            spec = self.engine.spec(model_id)
+            warm = {mode.value: sorted({b.resolution for b in self.engine.buckets_for(model_id, mode)
+                                        if b.state is BucketState.WARM}) for mode in modes}
+            models.append({
+                "id": spec.id, "title": spec.title, "default": spec.id == self.handlers.settings.start_model,
+                "buckets": [str(b) for b in spec.buckets],
+                "steps": {"min": spec.min_steps, "max": spec.max_steps, "default": spec.default_steps},
+                "guidance": ({"fixed": spec.default_guidance} if spec.guidance_range is None else
+                             {"min": spec.guidance_range[0], "max": spec.guidance_range[1],
+                              "default": spec.default_guidance}),
+                "negative_prompt": spec.negative_prompt, "warm_buckets": warm,
+            })
+        return json.dumps({"device": self.engine.device.badge, "modes": [m.value for m in modes],
+                           "default_mode": self.handlers.settings.start_mode.value,
+                           "max_images": self.limits.max_images, "max_prompt_chars": self.limits.max_prompt_chars,
+                           "models": models}, indent=1)
