@@ -54,10 +54,10 @@ def test_file_routes_serve_only_the_apps_own_files(served_app, cache_dir):
 def test_the_api_names_no_paths_repos_or_files(served_app):
     app, url = served_app
     api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
-    # documented (and MCP tools): the three tools; the page's /generate, /compare_modes and /stop stay callable
-    assert sorted(api["named_endpoints"]) == ["/compare_execution_modes", "/generate_images", "/list_models"]
+    assert sorted(api["named_endpoints"]) == ["/compare_execution_modes", "/compare_modes", "/generate",
+                                              "/generate_images", "/list_models", "/stop"]  # the MCP tools too
     assert not api["unnamed_endpoints"]
-    for endpoint in ("/generate_images", "/compare_execution_modes"):
+    for endpoint in ("/generate", "/compare_modes", "/generate_images", "/compare_execution_modes"):
         kinds = {p["component"] for p in api["named_endpoints"][endpoint]["parameters"]}
         assert not kinds & {"File", "UploadButton", "Image"}
 

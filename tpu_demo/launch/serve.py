@@ -13,7 +13,7 @@ from tpu_demo.web import gradio_queue
 from tpu_demo.web.admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, CancelRelay
 from tpu_demo.web.callers import OwnerCookie
 from tpu_demo.web.mcp_guard import McpGuard
-from tpu_demo.web.mcp_tools import DEVICE_TOOLS
+from tpu_demo.web.mcp_tools import DEVICE_TOOLS, TOOLS
 from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
@@ -152,7 +152,8 @@ def hardening_app_kwargs(app: App) -> dict:
         "routes": health_routes(app.engine, lambda: waiting_requests(app),
                                 app.ui.supervisor.active,
                                 app.readiness),
-        "middleware": [Middleware(McpGuard, gate=gate, guarded_tools=DEVICE_TOOLS, on_gone=app.ui.stop_caller),
+        "middleware": [Middleware(McpGuard, gate=gate, tools=TOOLS, guarded_tools=DEVICE_TOOLS,
+                                  on_gone=app.ui.stop_caller),
                        Middleware(OwnerCookie),
                        Middleware(AdmissionMiddleware, gate=gate, api_names=GUARDED_APIS,
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),

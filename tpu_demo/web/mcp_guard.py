@@ -118,14 +118,16 @@ def _tool_call(body: bytes) -> tuple[Any, str] | None:
 class McpGuard:
     """ASGI middleware: MCP tool calls under the admission limits by the caller's real address.
 
-    ``gate`` is the admission middleware's (one share per client, whichever door); ``guarded_tools``
-    the tools that run the device; ``on_gone`` stops the run of a caller key (``mcp:<token>``).
+    ``gate`` is the admission middleware's (one share per client, whichever door); ``tools`` every
+    tool answered (calls to other endpoints are refused); ``guarded_tools`` those that run the device;
+    ``on_gone`` stops the run of a caller key (``mcp:<token>``).
     """
 
-    def __init__(self, app: Callable, gate: AdmissionGate, guarded_tools: Collection[str],
+    def __init__(self, app: Callable, gate: AdmissionGate, tools: Collection[str], guarded_tools: Collection[str],
                  on_gone: Callable[[str], Any], calls: McpCalls | None = None):
         self.app = app
         self.gate = gate
+        self.tools = tuple(tools)
         self.guarded_tools = frozenset(guarded_tools)
         self.on_gone = on_gone
         self.calls = calls or McpCalls()
@@ -151,6 +153,10 @@ class McpGuard:
     async def _mcp_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         body, more = await read_body(receive)
         call = None if more else _tool_call(body)
+        if call is not None and call[1] not in self.tools:
+            # Gradio would call any public endpoint by its function's name, the page's own ones too
+            await _tool_error(send, call[0], f"unknown tool {call[1][:40]!r}; the tools here: {', '.join(self.tools)}")
+            return
         if call is None or call[1] not in self.guarded_tools:
             await self.app(scope, replay_body(body, more, receive), send)
             return

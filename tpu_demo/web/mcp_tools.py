@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 #: the tools' endpoint names (= tool names); the first two run the device and are admission-guarded
 GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL = "generate_images", "compare_execution_modes", "list_models"
 DEVICE_TOOLS = (GENERATE_TOOL, COMPARE_TOOL)
+#: every tool the MCP door answers (mcp_guard.py refuses a call to any other endpoint)
+TOOLS = (*DEVICE_TOOLS, MODELS_TOOL)
+
+
+def hide_from_mcp(*handlers: Callable) -> None:
+    """Keep public API endpoints out of the MCP tool list: Gradio 6.31 lists a public endpoint as a tool
+    unless its function's ``_mcp_type`` (what ``gr.mcp.tool`` / ``resource`` / ``prompt`` set) says it is
+    something else. (The page's /generate streams a gallery and previews: as a tool Gradio would answer
+    with one string of them.) ``McpGuard`` refuses calls to them as well."""
+    for handler in handlers:
+        getattr(handler, "__func__", handler)._mcp_type = "page"
 
 
 def _root_url(request: gr.Request | None) -> str:

@@ -13,7 +13,7 @@ from tpu_demo.web.about import about_markdown
 from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
-from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools
+from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools, hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
@@ -123,7 +123,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs=inputs, outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
-            postprocess=False, api_visibility="undocumented",  # callable as before; the MCP tools are the documented API
+            postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         # the history shows earlier runs only: never the run in the gallery or in the comparison
@@ -134,7 +134,6 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         ).then(
             comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed],
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
-            api_visibility="undocumented",
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
@@ -151,13 +150,15 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], api_visibility="private",
                            queue=False, show_progress="hidden")
         demo.unload(history.drop)
-        stop_button.click(handlers.stop, None, None, queue=False, api_name="stop", api_visibility="undocumented")
+        stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
         copy_link.click(share.link_query, [gallery, selected], [link_box], api_visibility="private", queue=False).then(
             None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
         demo.load(share.open_link, [page_query], [prompt, model, mode, resolution, steps, guidance, seed, randomize,
                                                   header, details, negative_prompt, num_images, link_note, generate_this],
                   js=QUERY_JS, api_visibility="private", queue=False)
-        # the MCP tools (Gradio's MCP server serves every public endpoint as one): same queues as the page
+        # the MCP tools (Gradio's MCP server serves every public endpoint as one): same queues as the page;
+        # the page's own endpoints stay in the API and are not tools
+        hide_from_mcp(handlers.generate, comparer.compare_modes, handlers.stop)
         generate_tool, compare_tool, models_tool = McpTools(handlers, comparer, gallery).build()
         gr.api(generate_tool, api_name=GENERATE_TOOL, concurrency_id=DEVICE_CONCURRENCY_ID,
                concurrency_limit=settings.generate_concurrency)

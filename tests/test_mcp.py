@@ -1,0 +1,203 @@
+"""The MCP door with the official ``mcp`` client over Gradio's streamable HTTP, against the real app on
+loopback: the tools and their schemas, images that decode with their settings, compare, errors naming
+the field, the admission limits by the caller's real address, and Stop owned by the session that started."""
+
+import asyncio
+import io
+import json
+import threading
+
+import httpx
+import numpy as np
+import pytest
+from gradio_client import Client
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+from PIL import Image
+
+from tpu_demo.core import pngmeta
+
+from conftest import request_fields
+from support import GOOD, pixels, reference, slow_steps, stopped_early, wait_until
+
+FAST = dict(model="tiny-flux", mode="eager", resolution="64x64", num_inference_steps=2, guidance_scale=0.0)
+
+
+async def _with_session(url: str, work, headers: dict | None = None):
+    async with streamablehttp_client(url + "gradio_api/mcp/", headers=headers) as (read, write, _):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            return await work(session)
+
+
+def call(url: str, tool: str, arguments: dict, headers: dict | None = None):
+    return asyncio.run(_with_session(url, lambda s: s.call_tool(tool, arguments), headers))
+
+
+def text_of(result) -> str:
+    return "\n".join(c.text for c in result.content if c.type == "text")
+
+
+def png_urls(text: str) -> list[str]:
+    return [line.split("png: ", 1)[1] for line in text.splitlines() if line.strip().startswith("png: ")]
+
+
+def test_tools_schemas_generate_compare_and_errors(launch_app):
+    app, url = launch_app("--no-warmup")
+
+    async def listed(session):
+        return (await session.list_tools()).tools
+
+    tools = {tool.name: tool for tool in asyncio.run(_with_session(url, listed))}
+    # the tools and nothing else: no page handler (switches, restore, history) and no page event
+    assert sorted(tools) == ["compare_execution_modes", "generate_images", "list_models"]
+    schema = tools["generate_images"].inputSchema
+    assert schema["required"] == ["prompt"]
+    assert set(schema["properties"]) == {"prompt", "model", "mode", "resolution", "num_inference_steps",
+                                         "guidance_scale", "seed", "num_images", "negative_prompt"}
+    for name, prop in schema["properties"].items():
+        assert prop.get("description"), f"{name} has no description"
+    assert "64x64" in schema["properties"]["resolution"]["description"]  # this server's buckets, per model
+    assert "1-4" in schema["properties"]["num_images"]["description"]
+    assert "default" in schema["properties"]["num_inference_steps"]["description"]
+    assert set(tools["compare_execution_modes"].inputSchema["properties"]) >= {"prompt", "model", "seed"}
+    for endpoint in ("generate", "compare_modes", "stop", "switch_model"):  # public API or page handler: no tool
+        refused = call(url, endpoint, {})
+        assert refused.isError and text_of(refused).startswith("unknown tool"), text_of(refused)
+
+    models = json.loads(text_of(call(url, "list_models", {})))
+    tiny = next(m for m in models["models"] if m["id"] == "tiny-flux")
+    assert "64x64" in tiny["buckets"] and tiny["steps"]["min"] >= 1 and set(tiny["warm_buckets"]) == set(models["modes"])
+
+    result = call(url, "generate_images", dict(prompt="a red circle on a white background", seed=11, num_images=2, **FAST))
+    assert not result.isError, text_of(result)
+    text = text_of(result)
+    assert text.startswith("Ran 2 image(s) of tiny-flux at 64x64 on CPU") and "bucket" in text and " s in all" in text
+    urls = png_urls(text)
+    assert len(urls) == 2
+    for index, image_url in enumerate(urls):
+        data = httpx.get(image_url).content
+        with Image.open(io.BytesIO(data)) as image:
+            assert image.size == (64, 64)
+            settings = pngmeta.read_settings(image)
+            assert np.array_equal(np.asarray(image.convert("RGB")), reference(app, seed=11 + index))
+        assert settings["seed"] == 11 + index and settings["model"] == "tiny-flux" and settings["resolution"] == "64x64"
+    assert "link: " + url + "?prompt=a+red+circle" in text
+
+    compared = call(url, "compare_execution_modes", dict(prompt="a red circle", seed=3, **{k: v for k, v in FAST.items()
+                                                                                           if k != "mode"}))
+    assert not compared.isError, text_of(compared)
+    lines = text_of(compared).splitlines()
+    for mode in ("eager", "eager-fused", "compiled"):
+        assert any(line.startswith(f"{mode} (") and "x strict eager" in line for line in lines), mode
+    assert len(png_urls(text_of(compared))) == 3
+
+    bad = call(url, "generate_images", dict(FAST, prompt="a red circle", resolution="4096x4096"))
+    assert bad.isError and text_of(bad).startswith("resolution: ") and "choose one of" in text_of(bad)
+    bad = call(url, "generate_images", dict(FAST, prompt="a red circle", num_images=99))
+    assert bad.isError and text_of(bad).startswith("num_images: must be from 1 to 4")
+
+
+def test_four_concurrent_calls_at_max_per_ip_1_one_runs_three_are_refused(launch_app, request_log):
+    app, url = launch_app("--no-warmup", "--max-per-ip", "1")
+    _, hook = slow_steps(app, 0.4)
+
+    async def four():
+        async def one(_):
+            return await _with_session(url, lambda s: s.call_tool(
+                "generate_images", dict(FAST, prompt="a red circle", num_inference_steps=4)))
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    with hook:
+        results = asyncio.run(four())
+    ran = [r for r in results if not r.isError]
+    refused = [text_of(r) for r in results if r.isError]
+    assert len(ran) == 1 and len(refused) == 3, [text_of(r) for r in results]
+    for reason in refused:
+        assert reason.startswith("busy: your address already has 1 request(s) waiting or running (limit 1)"), reason
+    lines = request_log()
+    assert sum(1 for line in lines if line.get("via") == "mcp" and line["outcome"] == "busy") == 3
+    assert sum(1 for line in lines if line["outcome"] == "ok" and "model" in line) == 1  # one line per request
+
+
+def test_the_limit_counts_the_callers_real_address_not_the_loopback(launch_app):
+    """Through a trusted proxy (X-Forwarded-For from loopback, uvicorn's default): the run is held by
+    10.0.0.1, not by 127.0.0.1, so 10.0.0.2 is served beside it and 10.0.0.1 again is refused."""
+    from tpu_demo.web import gradio_queue
+    from tpu_demo.web.page import GUARDED_APIS
+
+    app, url = launch_app("--no-warmup", "--max-per-ip", "1")
+    _, hook = slow_steps(app, 0.3)
+    outcome = {}
+
+    def first():
+        outcome["first"] = call(url, "generate_images", dict(FAST, prompt="a red circle", num_inference_steps=8, num_images=2),
+                                headers={"X-Forwarded-For": "10.0.0.1"})
+
+    with hook:
+        thread = threading.Thread(target=first)
+        thread.start()
+        wait_until(lambda: any(e.running for e in gradio_queue.pending_events(app.demo, GUARDED_APIS)), 60)
+        hosts = {e.client_host for e in gradio_queue.pending_events(app.demo, GUARDED_APIS)}
+        assert hosts == {"10.0.0.1"}, hosts
+        again = call(url, "generate_images", dict(FAST, prompt="a blue square"), headers={"X-Forwarded-For": "10.0.0.1"})
+        other = call(url, "generate_images", dict(FAST, prompt="a blue square"), headers={"X-Forwarded-For": "10.0.0.2"})
+        thread.join(120)
+    assert not other.isError, text_of(other)
+    assert again.isError and text_of(again).startswith("busy: your address already has 1"), text_of(again)
+    assert not outcome["first"].isError, text_of(outcome["first"])
+
+
+def test_stop_of_another_sessions_run_is_refused(launch_app):
+    app, url = launch_app("--no-warmup", "--max-per-session", "2")
+    steps, hook = slow_steps(app, 0.1)
+    owner = Client(url, verbose=False)
+    with hook, httpx.Client(base_url=url) as stranger:
+        job = owner.submit(**request_fields(seed=5, num_images=3, num_inference_steps=4, **GOOD), api_name="/generate")
+        wait_until(lambda: len(steps) >= 2, 60)
+        # the owner's session hash (as if it leaked), without the owner's secret: Stop reaches nothing
+        answer = stranger.post("/gradio_api/run/stop", json={"data": [], "session_hash": owner.session_hash})
+        assert answer.status_code == 200
+        forged = stranger.post("/gradio_api/run/stop", json={"data": [], "session_hash": owner.session_hash},
+                               headers={"x-tpu-demo-mcp-call": "a" * 32, "cookie": "tpu_demo_owner=" + "b" * 32})
+        assert forged.status_code == 200
+        wait_until(job.done, 120)
+        final, _ = job.outputs()[-1]
+        assert len(final) == 3  # the run finished every image
+        assert np.array_equal(pixels(final[0]), reference(app, seed=5, num_inference_steps=4))
+        # the owner's own Stop still works
+        before = len(steps)
+        job = owner.submit(**request_fields(seed=6, num_images=3, num_inference_steps=4, **GOOD), api_name="/generate")
+        wait_until(lambda: len(steps) >= before + 2, 60)
+        owner.predict(api_name="/stop")
+        wait_until(job.done, 60)
+        assert stopped_early(job, 3) < 3
+
+
+def test_an_mcp_run_is_not_stopped_by_a_stranger_but_by_its_client_going_away(launch_app, request_log):
+    app, url = launch_app("--no-warmup")
+    steps, hook = slow_steps(app, 0.2)
+    results = {}
+
+    def run(name, arguments):
+        results[name] = call(url, "generate_images", arguments)
+
+    with hook:
+        thread = threading.Thread(target=run, args=("kept", dict(FAST, prompt="a red circle", num_images=2)))
+        thread.start()
+        wait_until(lambda: len(steps) >= 1, 60)
+        loopback = app.demo.mcp_server_obj._client_instance  # the MCP loopback's shared session, as if leaked
+        httpx.post(url + "gradio_api/run/stop", json={"data": [], "session_hash": loopback.session_hash})
+        thread.join(120)
+        assert not results["kept"].isError and len(png_urls(text_of(results["kept"]))) == 2
+
+        async def cancelled(session):  # the client gives up mid-run: its connection closes
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(session.call_tool("generate_images", dict(
+                    FAST, prompt="a blue square", num_images=4, num_inference_steps=8)), timeout=3)
+
+        before = len(steps)
+        asyncio.run(_with_session(url, cancelled))
+        wait_until(lambda: any(line.get("outcome") == "stopped" for line in request_log()), 60)
+    stopped = [line for line in request_log() if line.get("outcome") == "stopped"]
+    assert stopped[-1]["images_done"] < 4 and len(steps) - before < 32
