@@ -10,7 +10,7 @@ runs in the full suite: the README's test command and CI.
 
 QUICK_TIER: dict[str, tuple[str, ...]] = {
     "architecture": ("test_architecture.py", "test_quick_tier.py"),
-    "core": ("test_buckets_and_config.py::test_parse_bucket", "test_buckets_and_config.py::test_bad_buckets_are_refused",
+    "core": ("test_links.py", "test_buckets_and_config.py::test_parse_bucket", "test_buckets_and_config.py::test_bad_buckets_are_refused",
              "test_web_units.py::test_optional_fields_may_be_left_out_but_required_ones_not",
              "test_web_units.py::test_png_settings_are_read_from_chunk_headers_within_bounds"),
     "device": ("test_device.py::test_detects_cpu_here", "test_device.py::test_cpu_mode_descriptions_say_what_runs",
