@@ -1,0 +1,66 @@
+"""The reproduce link in headless Debian Chromium: copy the link of a generated image, open it in a new
+page (controls filled, nothing run), click "Generate this" and get the same pixels; a tampered link names
+the wrong field and runs nothing. The real app and browser of test_browser.py (its fixtures are reused)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from browser_support import CHROMIUM, GALLERY_IMAGES, wait_for_gallery_images
+from test_browser import app_url, browser, open_page  # noqa: F401 - fixtures shared with test_browser
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
+                                reason=f"{CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)")
+
+
+def image_pixels(page, index: int) -> np.ndarray:
+    src = page.eval_on_selector_all(GALLERY_IMAGES, "images => images.map(img => img.src)")[index]
+    with Image.open(io.BytesIO(page.request.get(src).body())) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def open_link(page, link: str) -> None:
+    page.goto(link)
+    page.wait_for_selector("#generate")
+    page.wait_for_function("document.querySelector('#link-note') && document.querySelector('#link-note').innerText")
+
+
+def test_a_copied_link_fills_a_new_page_and_generates_the_same_pixels(open_page):
+    page, blocked, errors = open_page()
+    page.fill("#prompt textarea", "a blue square at the top-left")
+    page.click("#generate")
+    wait_for_gallery_images(page, 2)
+    original = image_pixels(page, 1)
+    page.locator(GALLERY_IMAGES).nth(1).click()  # select the second image (seed + 1)
+    page.click("#copy-link")
+    page.wait_for_function("(document.querySelector('#image-link textarea') || {}).value?.startsWith('http')",
+                           timeout=20_000)
+    link = page.input_value("#image-link textarea")
+    assert link.startswith(page.url.split("?")[0] + "?prompt=a+blue+square")
+    for name in ("model=tiny-flux", "mode=eager", "resolution=", "steps=", "guidance=", "seed="):
+        assert name in link, name
+
+    shared = page.context.new_page()
+    open_link(shared, link)
+    assert "Generate this" in shared.inner_text("#generate-this") and shared.locator("#generate-this").is_visible()
+    assert "nothing has run yet" in shared.inner_text("#link-note")
+    assert shared.input_value("#prompt textarea") == "a blue square at the top-left"
+    shared.wait_for_timeout(1000)
+    assert shared.locator(GALLERY_IMAGES).count() == 0  # opening the link ran nothing
+    shared.click("#generate-this")
+    wait_for_gallery_images(shared, 1)
+    shared.wait_for_timeout(500)
+    assert shared.locator(GALLERY_IMAGES).count() == 1
+    assert np.array_equal(image_pixels(shared, 0), original)
+
+    tampered = shared.context.new_page()
+    open_link(tampered, link.replace("steps=", "steps=999&x="))
+    note = tampered.inner_text("#link-note")
+    assert "This link cannot be used" in note and "steps: must be from" in note and "Nothing was run" in note
+    assert not tampered.locator("#generate-this").is_visible()
+    assert tampered.locator(GALLERY_IMAGES).count() == 0
+    assert blocked == [] and errors == []
