@@ -96,7 +96,8 @@ def test_one_request_per_session_and_a_few_per_address(launch_app):
         # the same session again: busy, with the reason in the HTTP answer
         with pytest.raises(QueueError):
             first.predict(**request_fields(**GOOD), api_name="/generate")
-        raw = httpx.post(url + "gradio_api/queue/join", headers={"X-Forwarded-For": "203.0.113.7"},
+        # (a session is its hash with the owner cookie the server issued: web/callers.py)
+        raw = httpx.post(url + "gradio_api/queue/join", headers={"X-Forwarded-For": "203.0.113.7"}, cookies=first.cookies,
                          json={"data": list(request_fields(**GOOD).values()), "fn_index": generate_fn_index(url),
                                "session_hash": first.session_hash})
         assert raw.status_code == 503
