@@ -343,6 +343,21 @@ def test_random_weights_are_at_chance_on_the_same_slice():
     assert two["all"] < 0.2, two
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Miniature training runs by arguments, each run once per module: the tests below compare
+    runs, and several of them need the same one (a plain seed-5 run, one with decoder steps)."""
+    root, runs = tmp_path_factory.mktemp("runs"), {}
+
+    def run(seed: int, *extra: str) -> Path:
+        key = (seed, *extra)
+        if key not in runs:
+            # --save-vae only writes a file: the run's weights are those of the same run without it
+            runs[key] = _train(root, f"run{len(runs)}", seed, *extra, "--save-vae", str(root / f"vae{len(runs)}.pt"))
+        return runs[key]
+    return run
+
+
 def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
     import subprocess
     import sys
@@ -358,11 +373,11 @@ def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
     return out
 
 
-def test_training_script_is_reproducible_from_its_seed(tmp_path):
+def test_training_script_is_reproducible_from_its_seed(tmp_path, trained):
     """A miniature run of the real training script, twice with one seed and once with another."""
     from safetensors.numpy import load_file
 
-    first, again, other = _train(tmp_path, "a", 5), _train(tmp_path, "b", 5), _train(tmp_path, "c", 6)
+    first, again, other = trained(5), _train(tmp_path, "again", 5), trained(6)
     for component in ("transformer/diffusion_pytorch_model", "vae/diffusion_pytorch_model", "text_encoder_2/model"):
         a, b, c = (load_file(run / f"{component}.safetensors") for run in (first, again, other))
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), component
@@ -375,15 +390,16 @@ def test_training_script_is_reproducible_from_its_seed(tmp_path):
     assert json.loads((first / "demo_defaults.json").read_text())["true_cfg_scale"] > 1
 
 
-def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path):
+def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path, trained):
     """The default --bucket-mixing sum takes a batch of every bucket each step (the log names all
     four), draw one bucket a step; the two give different weights. A run that loads the VAE a full
     run saved (--load-vae, how the shipped weights were trained) gives that full run's weights bit
     for bit, decoder steps included: each stage has its own generator."""
     from safetensors.numpy import load_file
 
-    full = _train(tmp_path, "full", 5, "--save-vae", str(tmp_path / "vae.pt"), "--vae-decoder-steps", "4")
-    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(tmp_path / "vae.pt"), "--vae-decoder-steps", "4")
+    full = trained(5, "--vae-decoder-steps", "4")
+    saved_vae = full.parent / f"vae{full.name.removeprefix('run')}.pt"
+    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(saved_vae), "--vae-decoder-steps", "4")
     drawn = _train(tmp_path, "draw", 5, "--bucket-mixing", "draw")
     for component in ("transformer/diffusion_pytorch_model", "text_encoder_2/model", "vae/diffusion_pytorch_model"):
         a, b, d = (load_file(run / f"{component}.safetensors") for run in (full, loaded, drawn))
@@ -398,13 +414,13 @@ def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path)
     assert all(name in {"64x64", "128x128", "96x64", "64x96"} for name in steps[drawn]), steps[drawn]
 
 
-def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(tmp_path):
+def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(trained):
     """The VAE's decoder steps (encoder frozen) change the decoder and nothing the transformer
     learns from: the encoder, the latent normalisation and the transformer are bit for bit those of
     a run without them. So the decoder of a shipped pipeline can be polished without retraining."""
     from safetensors.numpy import load_file
 
-    polished, plain = _train(tmp_path, "polished", 5, "--vae-decoder-steps", "4"), _train(tmp_path, "plain", 5)
+    polished, plain = trained(5, "--vae-decoder-steps", "4"), trained(5)
     vae, vae_plain = (load_file(run / "vae/diffusion_pytorch_model.safetensors") for run in (polished, plain))
     assert all(np.array_equal(vae[k], vae_plain[k]) for k in vae if not k.startswith("decoder."))
     assert any(not np.array_equal(vae[k], vae_plain[k]) for k in vae if k.startswith("decoder."))

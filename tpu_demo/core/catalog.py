@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from tpu_demo.core.buckets import Bucket
+from tpu_demo.core.styles import StyleSpec
 
 #: Where committed assets (prompts, trained tiny weights) live.
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
@@ -83,6 +84,8 @@ class ModelSpec:
     download_exclude: tuple[str, ...] = ()
     #: short name used in page lines ("not in Tiny Shapes' vocabulary"); the title when empty
     short_title: str = ""
+    #: style adapters (LoRA) a visitor may pick by name; hot-swapped on the warm graph (docs/models.md#styles)
+    styles: tuple[StyleSpec, ...] = ()
 
     @property
     def vocabulary_path(self) -> Path | None:
@@ -154,6 +157,10 @@ class ModelSpec:
             low, high = self.guidance_range
             if not low <= self.default_guidance <= high:
                 problems.append(f"default_guidance {self.default_guidance} is outside {self.guidance_range}")
+        for style in self.styles:
+            problems.extend(style.problems())
+        if len({style.name for style in self.styles}) != len(self.styles):
+            problems.append("two styles share a name")
         if not (self.is_builtin or "/" in self.source):
             problems.append(f"source {self.source!r} is neither builtin:, assets: nor a hub repo id")
         if problems:

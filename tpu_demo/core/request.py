@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from tpu_demo.core.buckets import Bucket, BucketError
 from tpu_demo.core.catalog import ModelSpec, get_spec
 from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, find_style, style_names
 
 MAX_SEED = 2**32 - 1
 
@@ -54,6 +55,14 @@ class GenerationRequest:
     previews: bool = True
     #: what the image should not show; only for models whose pipeline takes one (ModelSpec.negative_prompt)
     negative_prompt: str = ""
+    #: one of the model's style adapters by name, "" for none (core/styles.py), and its strength
+    style: str = ""
+    style_scale: float = 1.0
+
+    @property
+    def style_key(self) -> tuple[str, float]:
+        """What the transformer's adapter must be for this request: no style has no strength."""
+        return (self.style, self.style_scale) if self.style else ("", 0.0)
 
     @property
     def bucket(self) -> Bucket:
@@ -141,6 +150,19 @@ def _negative_prompt(value: Any, spec: ModelSpec, max_chars: int) -> str:
     return negative
 
 
+def _style(raw: Mapping[str, Any], spec: ModelSpec) -> tuple[str, float]:
+    """The style by name ("" for none: "None", "" or left out) and its scale (the style's default when left out)."""
+    value = raw.get("style", "")
+    offered = ", ".join(style_names(spec.styles))
+    if not isinstance(value, str):
+        raise RequestError("style", f"must be one of: {offered}, got {_kind(value)}")
+    if value not in style_names(spec.styles) and value != "":
+        raise RequestError("style", f"{value[:40]!r} is not a style of {spec.id}; choose one of: {offered}")
+    style = find_style(spec.styles, value)
+    scale = _number("style_scale", raw.get("style_scale", style.default_scale if style else 1.0), *STYLE_SCALE_RANGE)
+    return ("" if value == NO_STYLE else value), scale
+
+
 def check_model(value: Any, limits: RequestLimits = RequestLimits()) -> ModelSpec:
     """The offered model named ``value`` (any handler that takes a model id checks it here)."""
     if not isinstance(value, str):
@@ -191,6 +213,7 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
         guidance = spec.default_guidance
     else:
         guidance = _number("guidance_scale", raw.get("guidance_scale", spec.default_guidance), *spec.guidance_range)
+    style, style_scale = _style(raw, spec)
     return GenerationRequest(
         prompt=_prompt(raw.get("prompt"), limits.max_prompt_chars),
         model=spec.id,
@@ -203,4 +226,5 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
         num_images=_integer("num_images", raw.get("num_images", 1), 1, limits.max_images),
         previews=_boolean("previews", raw.get("previews", True)),
         negative_prompt=_negative_prompt(raw.get("negative_prompt", ""), spec, limits.max_prompt_chars),
+        style=style, style_scale=style_scale,
     )

@@ -18,8 +18,10 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpu_demo.core import pngmeta
+from tpu_demo.core.errors import EngineError
 from tpu_demo.core.events import Compiling, ImageResult, Loading, Stopped
 from tpu_demo.core.recent import TimedRun
+from tpu_demo.core.styles import styled_prompt
 from tpu_demo.engine.batching import Member, PendingRequest
 from tpu_demo.engine.errors import user_message
 from tpu_demo.engine.image_record import image_parameters, image_timings
@@ -81,6 +83,10 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
             for member in members:
                 member.pending.emit(Loading(spec.id, engine.pool.loading_text(spec)))
         loaded = engine.pool.load(spec)
+        if loaded.styles is not None:  # between calls, on the device thread: a hot swap, never a recompile
+            loaded.styles.apply(*first.style_key)
+        elif first.style:
+            raise EngineError(engine.style_refusal(spec.id) or f"{spec.id} has no styles loaded")
     except Exception as error:  # noqa: BLE001 - every request of the call hears why
         _fail(members, error)
         return
@@ -93,7 +99,7 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
                               engine.previews(loaded, bucket, every if m.pending.request.previews else 0))
                  for m in members]
     observer = BatchObserver(observers, members, engine.decode_guard)
-    prompts = [m.pending.request.prompt for m in members]
+    prompts = [styled_prompt(loaded.spec.styles, first.style, m.pending.request.prompt) for m in members]
     negatives = [m.pending.request.negative_prompt for m in members]
     seeds = [m.pending.request.seed + m.index for m in members]
     call: Callable[[], Any] = lambda: engine.call_pipeline(  # noqa: E731

@@ -1,7 +1,8 @@
 """Images waiting for the device, and how each pipeline call is formed from them.
 
 Every request's images wait here until the device thread takes them. A call is formed from
-the oldest waiting request's shape (model, mode, bucket, steps, guidance): it takes up to the
+the oldest waiting request's shape (model, mode, bucket, steps, guidance, style and its scale: the
+transformer holds one style at a time, so images of different styles never share a call): it takes up to the
 largest *warm* static batch size (1, 2, 4, capped by ``--max-batch``) of waiting images of
 that shape, one image per request per round (round robin), and every request that gave an
 image moves to the back of the line. So a client asking 4 images never starves one asking 1:
@@ -53,11 +54,13 @@ class CallShape(NamedTuple):
     resolution: str
     num_inference_steps: int
     guidance_scale: float
+    #: (style, scale) the adapter slot must hold; ("", 0.0) for no style
+    style: tuple[str, float] = ("", 0.0)
 
 
 def call_shape(request: GenerationRequest) -> CallShape:
     return CallShape(request.model, request.mode.value, request.resolution, request.num_inference_steps,
-                     request.guidance_scale)
+                     request.guidance_scale, request.style_key)
 
 
 @dataclass(eq=False)

@@ -1,17 +1,15 @@
 """The engine: loads each model once, keeps a warm compiled graph per bucket, runs requests.
 
-All device work runs on one worker thread, one job at a time, so two pipelines never run at
-once on the device and background warmup interleaves with requests between buckets. A
-request is a generator of events (compiling, step progress, image done, stopped) fed by that
-thread through a queue, so callers see each image the moment it exists. Requests do not run
-one after another: their images wait in ``batching.ImageQueue`` and each device job makes one
-pipeline call from waiting images of one shape (``batch_run``), up to ``max_batch`` at a time.
+All device work runs on one worker thread, one job at a time, so two pipelines never run at once
+and background warmup interleaves with requests between buckets. A request is a generator of
+events (compiling, step progress, image done, stopped) fed by that thread through a queue. Its
+images wait in ``batching.ImageQueue``; each device job makes one pipeline call from waiting
+images of one shape (``batch_run``), up to ``max_batch`` at a time.
 
-This module knows nothing of Gradio; device specifics come from ``tpu_demo.device``, model
-knowledge from the catalog. Its parts: ``model_pool`` (loading, eviction), ``bucket_book``
-(shape states, compile records), ``step_observer`` (inside the denoising loop),
-``image_record`` (timings and the settings written into each PNG), ``warmup`` (warming shapes,
-background warmups).
+No Gradio here; device specifics come from ``tpu_demo.device``, model knowledge from the catalog.
+Parts: ``model_pool`` (loading, eviction, the style slot), ``bucket_book`` (shape states),
+``step_observer`` (inside the denoising loop), ``image_record`` (timings, PNG settings),
+``warmup`` (warming shapes, background warmups).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import queue
 import threading
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -34,6 +32,7 @@ from tpu_demo.core.events import BucketStatus, EngineStatus, ShapeKey, Stopped
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.recent import RecentRuns
 from tpu_demo.core.request import GenerationRequest
+from tpu_demo.core.styles import StyleSpec
 from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
                              synchronize)
 from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall
@@ -49,6 +48,7 @@ from tpu_demo.engine.preview_stream import PreviewStream
 from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
 from tpu_demo.engine.warmup import Warmer, shape_key
 from tpu_demo.models.placement import compile_for_placement, describe_placement
+from tpu_demo.models.styles import style_refusal
 
 __all__ = ["Engine", "EngineConfig", "EngineError"]
 
@@ -74,6 +74,8 @@ class EngineConfig:
     preview_seconds: float = 0.25
     #: with max_batch > 1, how long a call may wait for its batch to fill (ImageQueue.wait_for_batch)
     batch_wait_seconds: float = 0.05
+    #: style adapters served instead of the catalog's, per model id (tests, operators' own files)
+    style_overrides: dict[str, tuple[StyleSpec, ...]] = field(default_factory=dict)
 
 
 class Engine:
@@ -105,11 +107,9 @@ class Engine:
         self._warmer = Warmer(self.book, self.pool, self.submit, self.call_pipeline, self.previews,
                               self.models_in_use, self._closing, config.warmup_steps)
         offered = config.offered_models or tuple(CATALOG)
-        self.specs: dict[str, ModelSpec] = {
-            model_id: get_spec(model_id).with_buckets(config.bucket_overrides[model_id])
-            if model_id in config.bucket_overrides else get_spec(model_id)
-            for model_id in offered
-        }
+        self.specs: dict[str, ModelSpec] = {model_id: replace(
+            get_spec(model_id), buckets=config.bucket_overrides.get(model_id, get_spec(model_id).buckets),
+            styles=config.style_overrides.get(model_id, get_spec(model_id).styles)) for model_id in offered}
         bucket_count = sum(len(spec.buckets) for spec in self.specs.values())
         # set here and on the device thread, which compiles (dynamo's config is per thread)
         self._recompile_limits = recompile_limits(bucket_count * len(self.batch_sizes))
@@ -133,6 +133,10 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - shown in the UI instead
             return str(error)
 
+    def style_refusal(self, model_id: str) -> str | None:
+        """Why ``model_id`` takes no style here (its placement, or none offered); None when it does."""
+        return style_refusal(self.spec(model_id), self.placement_for(model_id))
+
     def status(self) -> EngineStatus:
         models = {model_id: {"placement": loaded.placement.value, "weights_mb": round(loaded.weight_bytes / 1e6, 1),
                              "compiled": loaded.compiled} for model_id, loaded in self.pool.items()}
@@ -140,9 +144,7 @@ class Engine:
                             models=models, buckets=self.book.all(), compiles_total=self.counter.count,
                             busy=self._busy.is_set(), loading=self.pool.loading)
 
-    @property
-    def max_batch(self) -> int:
-        return self.batch_sizes[-1]
+    max_batch = property(lambda self: self.batch_sizes[-1])
 
     def set_max_batch(self, max_batch: int) -> None:
         """Change the largest batch size at run time (the benchmark compares batching on and off);
@@ -234,6 +236,8 @@ class Engine:
         stop = stop or threading.Event()
         if self.lockstep is not None and self.lockstep.failure:
             raise EngineError(self.lockstep.failure)
+        if request.style and (refusal := self.style_refusal(request.model)):
+            raise EngineError(refusal)
         events: queue.Queue = queue.Queue()
         pending = PendingRequest(request, events.put, stop)
         with self._in_use_lock:
@@ -267,8 +271,7 @@ class Engine:
                 if self._in_use[request.model] <= 0:
                     del self._in_use[request.model]
 
-    def requests_waiting(self) -> int:
-        """Requests none of whose images has reached the device yet."""
+    def requests_waiting(self) -> int:  # requests none of whose images has reached the device yet
         return self._images.waiting_requests()
 
     def about(self) -> dict[str, Any]:
@@ -310,8 +313,8 @@ class Engine:
             loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
         return output
 
-    def release_after_failure(self) -> None:
-        release_cached_memory(self.device)  # the next call starts clean
+    def release_after_failure(self) -> None:  # the next call starts clean
+        release_cached_memory(self.device)
 
     def run_followed_call(self, call: PipelineCall) -> None:
         """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
@@ -331,8 +334,7 @@ class Engine:
         return self.lockstep.leading(message, passthrough=(DecodeSkipped, EngineError))
 
     def models_in_use(self) -> set[str]:
-        """Models a running or queued request needs."""
-        with self._in_use_lock:
+        with self._in_use_lock:  # models a running or queued request needs
             return set(self._in_use)
 
     def _run_next_call(self) -> None:

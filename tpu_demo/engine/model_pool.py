@@ -24,6 +24,7 @@ from tpu_demo.engine.step_observer import DecodeGuard, apply_decode_guard
 from tpu_demo.models.loading import ModelUnavailable, ensure_available, load_pipeline, loading_text, parameter_bytes
 from tpu_demo.models.placement import PlacementError, apply_placement, choose_placement
 from tpu_demo.models.prompt_cache import PromptEncoder
+from tpu_demo.models.styles import StyleAdapters, style_refusal
 
 log = logging.getLogger("tpu_demo.engine")
 
@@ -39,6 +40,8 @@ class LoadedModel:
     previewer: LatentPreviewer = field(default_factory=LatentPreviewer)
     #: resident placement: the host-side text encoders and their embedding cache
     prompt_encoder: PromptEncoder | None = None
+    #: the hot-swappable style adapter slot (models/styles.py); None: the model offers no styles here
+    styles: StyleAdapters | None = None
 
     def call_inputs(self, prompt: str, guidance: float, negative_prompt: str = "") -> dict[str, Any]:
         """The pipeline call's prompt arguments: ``prompt=`` or, resident, the (cached) embeddings."""
@@ -150,11 +153,13 @@ class ModelPool:
             if placement is not Placement.TENSOR_PARALLEL:
                 prompt_encoder = apply_placement(pipeline, placement, self.device, spec)
         apply_decode_guard(pipeline, self.decode_guard)
+        # before any compile: the hotswap slot must be in the graph from its first trace
+        styles = StyleAdapters(pipeline, spec) if style_refusal(spec, placement) is None else None
         weight_bytes = parameter_bytes(pipeline)
         if prompt_encoder is not None:  # resident: the host-side text encoders count too
             weight_bytes += parameter_bytes(prompt_encoder.encoder_pipeline)
         loaded = LoadedModel(spec, pipeline, placement, weight_bytes, last_used=time.monotonic(),
-                             prompt_encoder=prompt_encoder)
+                             prompt_encoder=prompt_encoder, styles=styles)
         self._models[spec.id] = loaded
         log.info("loaded %s (%s, %.1f MB) in %.2fs", spec.id, placement.value, loaded.weight_bytes / 1e6,
                  time.perf_counter() - started)
