@@ -1,6 +1,7 @@
 """Style adapters (LoRA) hot-swapped on the warm graph: zero recompiles, same pixels, placements.
 
-Real diffusers pipelines and real adapters: random adapters made here for tiny FLUX with PEFT and
+Real diffusers pipelines and real adapters: tiny-shapes' own trained styles (committed under
+assets/) and, for the other placements, random adapters made here for tiny FLUX with PEFT and
 saved in diffusers' LoRA format, as an operator's file would be.
 """
 
@@ -64,9 +65,25 @@ def image(engine, request) -> np.ndarray:
     return np.asarray(results[0].image)
 
 
+def shapes_request(**overrides):
+    fields = dict(prompt=SHAPE_PROMPT, model=SHAPES, mode="compiled", resolution="64x64", num_inference_steps=4,
+                  guidance_scale=3.0, seed=1, num_images=1)
+    fields.update(overrides)
+    return validate_request(fields)
+
+
+def test_the_catalog_offers_tiny_shapes_styles_as_committed_files():
+    styles = CATALOG[SHAPES].styles
+    assert [s.name for s in styles] == ["outline", "striped"]
+    from tpu_demo.models.styles import style_path
+
+    for style in styles:
+        assert style_path(style).is_file() and style_path(style).stat().st_size <= 1_000_000
+
+
 #: the styled models: tiny-shapes with its trained styles (catalog), tiny FLUX with adapters made here
 #: (different ranks and layers, as an operator's files may be)
-STYLED_MODELS = ["tiny-flux"]
+STYLED_MODELS = [SHAPES, "tiny-flux"]
 
 
 @pytest.fixture
@@ -128,6 +145,31 @@ def test_same_pixels_whatever_came_before(styled_engine, model):
     assert np.array_equal(image(fresh, fresh_request(first)), first_alone)
 
 
+def test_images_of_different_styles_never_share_a_call(make_engine):
+    from tpu_demo.engine.batching import call_shape
+
+    plain, outline = shapes_request(), shapes_request(style="outline")
+    assert call_shape(plain) != call_shape(outline)
+    assert call_shape(outline) != call_shape(shapes_request(style="outline", style_scale=0.5))
+    # no style has no strength: two None requests with different sliders may share a call
+    assert call_shape(plain) == call_shape(shapes_request(style="None", style_scale=1.7))
+
+
+def test_style_fields_are_validated_naming_the_field():
+    good = validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="striped"))
+    assert good.style == "striped" and good.style_scale == 1.0
+    assert validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="None")).style == ""
+    for fields, field in ((dict(style="watercolor"), "style"), (dict(style=3), "style"),
+                          (dict(style="outline", style_scale=2.5), "style_scale"),
+                          (dict(style="outline", style_scale="nan"), "style_scale"),
+                          (dict(style="/etc/passwd"), "style")):
+        with pytest.raises(RequestError) as raised:
+            validate_request(request_fields(model=SHAPES, guidance_scale=3.0, **fields))
+        assert raised.value.field == field
+    with pytest.raises(RequestError, match="not a style of tiny-flux"):
+        validate_request(request_fields(style="outline"))  # tiny-flux offers none
+
+
 @pytest.mark.parametrize("placement", [Placement.RESIDENT, Placement.OFFLOAD])
 def test_resident_and_offload_swap_without_recompiling(make_engine, tmp_path, placement, monkeypatch):
     """Offload needs an accelerator: it runs on the torch-tpu stand-in (the host as a TPU v6e; compiled
@@ -150,6 +192,15 @@ def test_resident_and_offload_swap_without_recompiling(make_engine, tmp_path, pl
     assert np.array_equal(ink, ink_again) and not np.array_equal(ink, base) and not np.array_equal(wash, ink)
 
 
+def test_tensor_parallel_refuses_styles_with_a_clear_message():
+    from tpu_demo.models.styles import style_refusal
+
+    refusal = style_refusal(CATALOG[SHAPES], Placement.TENSOR_PARALLEL)
+    assert "not available for tiny-shapes under the tensor-parallel placement" in refusal
+    assert style_refusal(CATALOG[SHAPES], Placement.WHOLE) is None
+    assert "offers no styles" in style_refusal(CATALOG["tiny-flux"], Placement.WHOLE)
+
+
 def test_an_adapter_of_other_layers_is_refused_at_load(make_engine, tmp_path):
     first = make_flux_styles(tmp_path / "a", names=("narrow",))[0]  # to_q, to_k, to_v, to_out.0
     from diffusers import FluxPipeline
@@ -166,3 +217,81 @@ def test_an_adapter_of_other_layers_is_refused_at_load(make_engine, tmp_path):
     engine = make_engine(offered_models=("tiny-flux",), style_overrides={"tiny-flux": (first, other)})
     with pytest.raises(EngineError, match="adapts layers that style"):
         image(engine, styled(request_fields(), "other"))
+
+
+# ---- through the real app: /generate, /compare_modes, the PNG, Reuse settings -------------------
+
+def test_the_api_takes_a_style_records_it_in_caption_and_png_and_reuse_restores_it(served_app):
+    import json
+
+    import httpx
+    from gradio_client import Client
+    from PIL import Image
+
+    from test_uploads import _restore
+
+    app, url = served_app
+    client = Client(url, verbose=False)
+    # positional, in the endpoint's order (prompt, model, mode, resolution, steps, guidance, seed, images,
+    # previews, negative prompt, style, style scale)
+    fields = (SHAPE_PROMPT, SHAPES, "eager", "64x64", 4, 3.0, 5, 1, False, "")
+    (item,), _ = client.predict(*fields, "outline", 0.8, api_name="/generate")
+    assert item["caption"].endswith("style outline 0.8")
+    with Image.open(item["image"]) as png:
+        assert png.text["parameters"].splitlines()[0] == f"{SHAPE_PROMPT} <lora:outline:0.8>"  # A1111's LoRA tag
+        settings = json.loads(png.text["tpu_demo"])
+    assert (settings["style"], settings["style_scale"]) == ("outline", 0.8)
+    with httpx.Client(base_url=url, timeout=60) as http, open(item["image"], "rb") as file:
+        restored = _restore(http, url, file.read())
+    assert restored.status_code == 200, restored.text
+    style_update, scale_update = restored.json()["data"][-2:]
+    assert style_update["value"] == "outline" and scale_update["value"] == 0.8
+    (plain,), _ = client.predict(*fields, "None", 0.8, api_name="/generate")
+    assert "style" not in plain["caption"]
+    with Image.open(plain["image"]) as png:
+        assert "<lora:" not in png.text["parameters"]
+    for style, scale, message in (("sketch", 1.0, "style: 'sketch' is not a style of tiny-shapes"),
+                                  ("outline", 3.0, "style_scale: must be from 0.0 to 2.0")):
+        with pytest.raises(Exception, match=message):
+            client.predict(*fields, style, scale, api_name="/generate")
+    images, _, figures = client.predict(SHAPE_PROMPT, "", SHAPES, "64x64", 4, 3.0, 5, "striped", 1.0,
+                                        api_name="/compare_modes")
+    assert len(images) == 3 and all(run["max_pixel_difference"] <= 8 for run in figures["modes"])
+    with Image.open(images[0]["image"]) as png:
+        assert "<lora:striped:1>" in png.text["parameters"]
+
+
+# ---- the tiny styles' training and judge ----------------------------------------------------------
+
+def test_style_training_is_reproducible_from_its_seed(tmp_path):
+    """A miniature run of scripts/train_tiny_style.py, twice: the same adapter bytes; another seed differs."""
+    import subprocess
+    import sys
+
+    def train(name: str, seed: int) -> bytes:
+        out = tmp_path / name
+        subprocess.run([sys.executable, "scripts/train_tiny_style.py", "--style", "striped", "--output", str(out),
+                        "--seed", str(seed), "--images", "8", "--steps", "3", "--batch", "2", "--buckets", "64x64"],
+                       check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+        return (out / "striped.safetensors").read_bytes()
+
+    first = train("a", 0)
+    assert train("b", 0) == first
+    assert train("c", 1) != first
+
+
+def test_the_style_judge_reads_drawn_styles_and_not_plain_scenes():
+    """On the held-out prompts drawn exactly: each style is seen in every styled image and in no plain
+    one, and the restored scene passes the base model's judge."""
+    from tiny_shapes import dataset
+    from tiny_shapes.styles import STYLES, judge_styled, render_styled
+
+    scenes = dataset.held_out_prompts()[::5] + dataset.held_out_two_shape_prompts(10)
+    for size in dataset.CANVASES:
+        for style in STYLES:
+            for scene in scenes:
+                verdict = judge_styled(scene, render_styled(scene, style, size), style)
+                assert verdict["style"] and verdict["all"], (style, size, scene.caption)
+                assert not judge_styled(scene, dataset.render(scene, size=size), style)["style"]
+            other = STYLES[1 - STYLES.index(style)]
+            assert not judge_styled(scenes[0], render_styled(scenes[0], other, size), style)["style"]

@@ -172,6 +172,15 @@ def _buckets(*labels: str) -> tuple[Bucket, ...]:
     return tuple(Bucket.parse(label) for label in labels)
 
 
+#: trained here (scripts/train_tiny_style.py), committed beside the base weights
+_TINY_SHAPES_STYLES = (
+    StyleSpec("outline", "Outline (only the border of each shape)", "assets:models/tiny-shapes/styles/outline.safetensors",
+              example="a large blue circle in the center on a white background"),
+    StyleSpec("striped", "Striped (bands of background across each shape)",
+              "assets:models/tiny-shapes/styles/striped.safetensors",
+              example="a large red square at the top-left and a large green circle at the bottom-right on a white background"),
+)
+
 _REAL_BUCKETS = _buckets("1024x1024", "1152x896", "896x1152", "1344x768", "768x1344")
 _TINY_BUCKETS = _buckets("64x64", "128x128", "96x64", "64x96")
 
@@ -182,7 +191,7 @@ _ENTRIES = (
         guidance_range=(1.0, 10.0), guidance_argument="true_cfg_scale", buckets=_TINY_BUCKETS, size_multiple=8,
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         negative_prompt=True, call_kwargs={"max_sequence_length": 24}, example_prompts_file="tiny_shapes_prompts.txt",
-        short_title="Tiny Shapes",
+        short_title="Tiny Shapes", styles=_TINY_SHAPES_STYLES,
     ),
     ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",

@@ -1,7 +1,8 @@
 """Generation settings carried inside each PNG.
 
 Two text chunks: "parameters", in the AUTOMATIC1111 layout that image tools read
-(prompt line, "Negative prompt: ..." line when there is one, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ..."),
+(prompt line, a style as A1111's LoRA tag ``<lora:NAME:SCALE>`` at its end, "Negative prompt: ..." line
+when there is one, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ..."),
 and "tpu_demo", the same settings as JSON, which is what the app reads back.
 """
 
@@ -12,11 +13,13 @@ from typing import Any, Mapping
 
 from PIL import Image, PngImagePlugin
 
+from tpu_demo.core.styles import lora_tag
+
 JSON_KEY = "tpu_demo"
 PARAMETERS_KEY = "parameters"
 #: The request fields a PNG restores.
 SETTINGS_FIELDS = ("prompt", "negative_prompt", "model", "mode", "resolution", "num_inference_steps",
-                   "guidance_scale", "seed")
+                   "guidance_scale", "seed", "style", "style_scale")
 
 
 def a1111_parameters(settings: Mapping[str, Any]) -> str:
@@ -37,7 +40,9 @@ def a1111_parameters(settings: Mapping[str, Any]) -> str:
     body = ", ".join(f"{name}: {str(value).replace(',', ' ')}" for name, value in fields if value != "")
     negative = settings.get("negative_prompt") or ""
     # A1111's layout: the negative prompt on its own line between the prompt and the settings
-    return f"{settings['prompt']}\n" + (f"Negative prompt: {negative}\n" if negative else "") + body
+    tag = lora_tag(settings.get("style") or "", float(settings.get("style_scale", 1.0)))
+    prompt = f"{settings['prompt']} {tag}" if tag else settings["prompt"]
+    return f"{prompt}\n" + (f"Negative prompt: {negative}\n" if negative else "") + body
 
 
 def attach(image: Image.Image, settings: Mapping[str, Any]) -> Image.Image:

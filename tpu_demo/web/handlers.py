@@ -27,6 +27,7 @@ from tpu_demo.web.callers import request_headers, stop_key
 from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html, user_error
 from tpu_demo.web.restore import SettingsRestore
 from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
+from tpu_demo.web.styles import caption_part, style_updates
 from tpu_demo.web.supervision import RequestSupervisor
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def _caption(result: ImageResult) -> str:
     t = result.timings
     warmth = "warm" if result.warm else "compiled first"
     return (f"seed {result.seed} \u00b7 denoise {t['denoise_seconds']:.2f}s \u00b7 {t['steps_per_second']:.1f} steps/s"
-            f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}")
+            f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}{caption_part(result.parameters)}")
 
 
 class PageHandlers:
@@ -110,12 +111,14 @@ class PageHandlers:
         self._reached: set[str] = set()
         self._reached_lock = threading.Lock()
         #: "Reuse settings" and a dropped PNG (web/restore.py)
-        self.restore = SettingsRestore(settings.limits, settings.start_model, self._checked, self._model_controls)
+        self.restore = SettingsRestore(settings.limits, settings.start_model, self._checked, self._model_controls,
+                                       lambda spec, style, scale: style_updates(engine, spec, style, scale))
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
                  guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
-                 request: gr.Request = None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str]]:
+                 style: Any = "None", style_scale: Any = 1.0, request: gr.Request = None,
+                 progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str]]:
         """Stream (gallery, live preview): one update per finished image, and previews while denoising.
 
         A preview update re-sends the same gallery (Gradio's diff sends nothing for it) and the
@@ -127,7 +130,8 @@ class PageHandlers:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                num_images=num_images, previews=previews, negative_prompt=negative_prompt), self.settings.limits)
+                num_images=num_images, previews=previews, negative_prompt=negative_prompt, style=style,
+                style_scale=style_scale), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None

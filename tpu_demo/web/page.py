@@ -15,6 +15,7 @@ from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools, hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
+from tpu_demo.web.styles import style_controls, style_examples, style_updates
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
@@ -62,6 +63,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     stop_button = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
                 # right under the prompt, so a phone's first screen holds prompt, buttons and examples
                 example_list(spec, prompt, resolution, num_images, settings.limits.max_images)
+                style, style_scale = style_controls(handlers.engine, spec)
+                style_examples(spec, prompt, resolution, style, style_scale)
                 model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
                                     value=spec.id, elem_id="model")
                 mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
@@ -82,6 +85,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                         randomize = gr.Checkbox(label="Randomize seed", value=True)
                     num_images.render()
                     previews = gr.Checkbox(label="Live previews while denoising", value=True)
+                    style.render(), style_scale.render()  # LoRA adapters, hot-swapped on the warm graph
                 details = gr.Markdown(handlers.details_markdown(spec.id, settings.start_mode.value), elem_id="run-details")
             with gr.Column(scale=3, min_width=300, elem_id="results-column"):
                 # the image denoising now, replaced about every --preview-seconds (inline: web/outputs.py)
@@ -117,7 +121,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             about = gr.Markdown(about_markdown(handlers.engine.about()), elem_id="about-facts")
         timer = gr.Timer(settings.status_refresh_seconds)
 
-        inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews, negative_prompt]
+        inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews, negative_prompt, style,
+                  style_scale]
         generation = gr.on(
             triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
@@ -132,7 +137,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             handlers.arm_stop_and_pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
             api_visibility="private",
         ).then(
-            comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed],
+            comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed, style,
+                                            style_scale],
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
@@ -166,7 +172,10 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         gr.api(models_tool, api_name=MODELS_TOOL, queue=False)
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
                     api_visibility="private", queue=False)
-        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt]
+        model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],
+                    [style, style_scale], api_visibility="private", queue=False)
+        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt,
+                    style, style_scale]
         gallery.select(handlers.restore.remember_selection, None, [selected], api_visibility="private", queue=False)
         reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored,
                            api_visibility="private", queue=False)

@@ -20,8 +20,8 @@ from tpu_demo.core.request import RequestError, RequestLimits, validate_request
 from tpu_demo.web.outputs import user_error
 
 #: the controls a restore fills: prompt, model, mode, resolution, steps, guidance, seed, randomize,
-#: header, details, negative prompt
-RESTORED_OUTPUTS = 11
+#: header, details, negative prompt, style, style strength
+RESTORED_OUTPUTS = 13
 
 
 def read_png_settings(path: str | Path | None) -> dict | None:
@@ -42,12 +42,15 @@ class SettingsRestore:
 
     def __init__(self, limits: RequestLimits, start_model: str,
                  checked: Callable[[Any, Any], tuple[ModelSpec, ExecutionMode]],
-                 model_controls: Callable[[ModelSpec, str, int, float, str], tuple]):
+                 model_controls: Callable[[ModelSpec, str, int, float, str], tuple],
+                 style_controls: Callable[[ModelSpec, str, float], tuple] = lambda spec, style, scale: ()):
         self.limits, self.start_model = limits, start_model
         #: model and mode checked like a generation's (the engine's spec of the model)
         self.checked = checked
         #: updates for (resolution, steps, guidance, header, details) showing a model's limits
         self.model_controls = model_controls
+        #: updates for (style, style strength) showing a model's styles (web/styles.py)
+        self.style_controls = style_controls
 
     def restore_settings(self, image_path: Any, mode: Any):
         """Fill the controls from a PNG this app made; a warning and no change for any other image."""
@@ -70,7 +73,7 @@ class SettingsRestore:
         gr.Info("Settings restored from the image.")
         negative = gr.update(value=checked.negative_prompt, visible=spec.negative_prompt)
         return (checked.prompt, checked.model, checked.mode.value, *restored[:3], checked.seed, False,
-                *restored[3:], negative)
+                *restored[3:], negative, *self.style_controls(spec, checked.style or "None", checked.style_scale))
 
     def restore_from_gallery(self, gallery: Any, selected: Any, mode: Any):
         """The image selected in the gallery (``remember_selection``), restored as a dropped one would be."""

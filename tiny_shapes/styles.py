@@ -1,0 +1,225 @@
+"""Tiny styles for tiny-shapes: how a styled scene is drawn, and the judge that reads a style back.
+
+A style changes how every shape is filled and nothing else (colour, shape, position, size and
+background stay as the caption says), so the style adapters (LoRA on the transformer,
+scripts/train_tiny_style.py) are trained on the same captions as the base weights:
+
+- ``outline``: only a border of each shape is drawn (3 px on a small shape, 4 px on a large one);
+  its inside shows the background;
+- ``striped``: horizontal bands of background cut across each shape (4 px bands on a large
+  shape, one 5 px band through a small one, the shape's top and bottom rows kept, so its outline
+  is the plain shape's).
+
+The judge (:func:`judge_styled`) answers two questions of a generated image. It first finds the
+scene's objects: regions of pixels clearly off the background (striped: a column's bands joined),
+each named by the object colour most of its pixels are nearest to, the largest as many as the
+caption names. *Style applied*: ``outline``: the inside of each object (its silhouette shrunk by
+the border) is mostly background; ``striped``: some inner row of each object is mostly background
+while rows above and below it are drawn. *Base attributes*: the image is restored to a plain
+scene (each object's silhouette, the convex hull of its pixels, painted in its colour: circles,
+squares and triangles are convex, and a ring's breaks or a band's blurred ends do not move the
+hull) and read by the strict judge of the base model (:func:`tiny_shapes.judge.judge_image`).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from tiny_shapes.dataset import IMAGE_SIZE, OBJECT_COLOURS, PALETTE, Scene, layout, sample_scene
+from tiny_shapes.judge import _OBJECT_RGB, _nearest, _pixels_and_background, blobs, judge_image
+
+STYLES = ("outline", "striped")
+#: outline: border width in pixels per shape side: the inside of a small shape must stay wide enough
+#: (10 px) for the VAE to keep it open
+BORDER = {14: 3, 26: 4}
+#: striped: band height per shape side (pixels); chosen so that the first and last rows are drawn
+BAND = {14: 5, 26: 4}
+#: striped: the judge joins bands at most this many rows apart in a column into one object
+MAX_STRIPE_GAP = 6
+#: the judge's closing (pixels) of a drawing's silhouette: the VAE's blur breaks thin lines
+CLOSING = 2
+
+
+def shape_mask(shape: str, box: tuple[int, int, int, int], size: tuple[int, int]) -> np.ndarray:
+    """The plain shape's pixels (boolean, ``(height, width)``), drawn as ``dataset.render`` draws it."""
+    image = Image.new("1", size, 0)
+    draw = ImageDraw.Draw(image)
+    x0, y0, x1, y1 = box
+    if shape == "circle":
+        draw.ellipse(box, fill=1)
+    elif shape == "square":
+        draw.rectangle(box, fill=1)
+    else:
+        draw.polygon(((x0 + x1) / 2, y0, x1, y1, x0, y1), fill=1)
+    return np.asarray(image, dtype=bool)
+
+
+def _erode(mask: np.ndarray, steps: int) -> np.ndarray:
+    out = mask.copy()
+    for _ in range(steps):
+        shrunk = out.copy()
+        shrunk[1:] &= out[:-1]
+        shrunk[:-1] &= out[1:]
+        shrunk[:, 1:] &= out[:, :-1]
+        shrunk[:, :-1] &= out[:, 1:]
+        shrunk[0], shrunk[-1], shrunk[:, 0], shrunk[:, -1] = False, False, False, False
+        out = shrunk
+    return out
+
+
+def styled_mask(style: str, mask: np.ndarray, top: int, side: int) -> np.ndarray:
+    """What of a shape's ``mask`` the ``style`` draws (its bounding box starts at row ``top``)."""
+    if style == "outline":
+        return mask & ~_erode(mask, BORDER.get(side, 3))
+    if style == "striped":
+        band = BAND.get(side, 4)
+        rows = ((np.arange(mask.shape[0]) - top) // band) % 2 == 0
+        return mask & rows[:, None]
+    raise ValueError(f"unknown style {style!r}; one of {STYLES}")
+
+
+def render_styled(scene: Scene, style: str, size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> Image.Image:
+    """``scene`` drawn in ``style`` on a ``(width, height)`` canvas (objects exactly at their positions)."""
+    width, height = size
+    pixels = np.empty((height, width, 3), dtype=np.uint8)
+    pixels[:] = PALETTE[scene.background]
+    for obj in scene.objects:
+        cx, cy, side = layout(obj.position, obj.size, size)
+        x0, y0 = cx - side // 2, cy - side // 2
+        mask = shape_mask(obj.shape, (x0, y0, x0 + side - 1, y0 + side - 1), size)
+        pixels[styled_mask(style, mask, y0, side)] = PALETTE[obj.colour]
+    return Image.fromarray(pixels)
+
+
+def generate_styled(n: int, style: str, seed: int, size: tuple[int, int], two_shape_prob: float = 0.5
+                    ) -> list[tuple[np.ndarray, str, Scene]]:
+    """``n`` training examples ``(uint8 image, caption, scene)`` of ``style``, deterministic from ``seed``
+    (the base model's training scenes: held-out triples never appear)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        scene = sample_scene(rng, two_shape_prob)
+        out.append((np.asarray(render_styled(scene, style, size)), scene.caption, scene))
+    return out
+
+
+def _objects(image, count: int, style: str) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """Pixels and the ``count`` largest objects of an image: regions of pixels clearly off the
+    background (60 RGB units, as the base judge), their breaks closed, each labelled with the object
+    colour most of its pixels are nearest to; as (colour index, drawn pixels)."""
+    pixels, background = _pixels_and_background(image)
+    bg = np.array(PALETTE[background], dtype=np.float32)
+    far = np.sqrt(((pixels - bg) ** 2).sum(-1)) > 60
+    labels = _nearest(pixels, _OBJECT_RGB)
+    found = []
+    joined = far
+    if style == "striped":  # a shape's bands, one colour, joined along columns (two objects differ in colour)
+        for k in np.unique(labels[far]):
+            joined = joined | _close_columns(far & (labels == k), MAX_STRIPE_GAP)
+    for region in blobs(_erode(_dilate(joined, CLOSING), CLOSING) | joined):
+        mask = np.zeros(far.shape, dtype=bool)
+        mask[region[:, 0], region[:, 1]] = True
+        drawn = mask & far
+        if drawn.sum() >= 8:
+            found.append((int(np.bincount(labels[drawn], minlength=len(OBJECT_COLOURS)).argmax()), drawn))
+    found.sort(key=lambda item: -silhouette(item[1], "outline").sum())
+    return pixels, found[:count]
+
+
+def _close_columns(mask: np.ndarray, max_gap: int) -> np.ndarray:
+    """``mask`` with every vertical run of at most ``max_gap`` unset pixels between set ones filled."""
+    out = mask.copy()
+    for x in range(mask.shape[1]):
+        rows = np.nonzero(mask[:, x])[0]
+        for a, b in zip(rows[:-1], rows[1:]):
+            if 1 < b - a <= max_gap + 1:
+                out[a:b, x] = True
+    return out
+
+
+def _dilate(mask: np.ndarray, steps: int) -> np.ndarray:
+    out = mask.copy()
+    for _ in range(steps):
+        grown = out.copy()
+        grown[1:] |= out[:-1]
+        grown[:-1] |= out[1:]
+        grown[:, 1:] |= out[:, :-1]
+        grown[:, :-1] |= out[:, 1:]
+        out = grown
+    return out
+
+
+def convex_hull(mask: np.ndarray) -> np.ndarray:
+    """The pixels of the convex hull of ``mask`` (Andrew's monotone chain, drawn with PIL)."""
+    ys, xs = np.nonzero(mask)
+    points = sorted(set(zip(xs.tolist(), ys.tolist())))
+    if len(points) < 3:
+        return mask.copy()
+
+    def half(sequence):
+        chain: list[tuple[int, int]] = []
+        for p in sequence:
+            while len(chain) >= 2 and ((chain[-1][0] - chain[-2][0]) * (p[1] - chain[-2][1])
+                                       - (chain[-1][1] - chain[-2][1]) * (p[0] - chain[-2][0])) <= 0:
+                chain.pop()
+            chain.append(p)
+        return chain
+
+    hull = half(points)[:-1] + half(points[::-1])[:-1]
+    image = Image.new("1", (mask.shape[1], mask.shape[0]), 0)
+    ImageDraw.Draw(image).polygon(hull, fill=1, outline=1)
+    return np.asarray(image, dtype=bool)
+
+
+def silhouette(drawn: np.ndarray, style: str) -> np.ndarray:
+    """The plain shape a ``style`` drawing of one object covers: its convex hull (circles, squares and
+    triangles are convex; a ring's breaks and a band's blurred ends do not change it)."""
+    return convex_hull(drawn)
+
+
+def restore(image, style: str, count: int = 1) -> tuple[Image.Image, list[tuple[np.ndarray, np.ndarray]]]:
+    """The plain scene a ``style`` image of ``count`` objects shows, and per object (drawn pixels,
+    filled silhouette)."""
+    pixels, objects = _objects(image, count, style)
+    restored = pixels.copy()
+    found = []
+    for k, drawn in objects:
+        filled = silhouette(drawn, style)
+        restored[filled & ~drawn] = _OBJECT_RGB[k]
+        found.append((drawn, filled))
+    return Image.fromarray(restored.clip(0, 255).astype(np.uint8)), found
+
+
+def style_applied(style: str, found: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether every object found shows ``style`` (see the module docstring); False when none is found."""
+    objects = [(drawn, filled) for drawn, filled in found if filled.sum() >= 24]
+    if not objects:
+        return False
+    for drawn, filled in objects:
+        if style == "outline":
+            side = max(np.ptp(np.nonzero(filled)[0]), np.ptp(np.nonzero(filled)[1])) + 1
+            inside = _erode(filled, BORDER[14] if side <= 20 else BORDER[26])
+            if inside.sum() < 4 or drawn[inside].mean() > 0.5:
+                return False
+        else:
+            ys = np.nonzero(filled.any(1))[0]
+            widths = filled[ys].sum(1).clip(min=1)
+            coverage = drawn[ys].sum(1) / widths
+            inner = coverage[1:-1]
+            gaps = np.nonzero(inner <= 0.3)[0]
+            if not len(gaps) or coverage[: gaps[0] + 1].max() < 0.6 or coverage[gaps[-1] + 2:].max(initial=0) < 0.6:
+                return False
+    return True
+
+
+def judge_styled(scene: Scene, image, style: str) -> dict[str, bool]:
+    """``style`` applied, and the base judge's verdicts on the restored scene (``all``: every base attribute)."""
+    restored, found = restore(image, style, len(scene.objects))
+    result = judge_image(scene, restored)
+    return {"style": style_applied(style, found), **result}
+
+
+__all__ = ["OBJECT_COLOURS", "STYLES", "generate_styled", "judge_styled", "render_styled", "restore", "style_applied"]

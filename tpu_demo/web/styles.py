@@ -1,0 +1,67 @@
+"""The Style control and its strength slider (in Advanced): what a model offers, and what a caption says.
+
+Visitors choose a style by name from the model's list (None first); the engine swaps the adapter
+on the warm graph, so a switch never compiles. A model whose placement cannot take styles shows
+None only and says why.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import gradio as gr
+
+from tpu_demo.core.catalog import ModelSpec
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, find_style
+
+if TYPE_CHECKING:
+    from tpu_demo.engine.engine import Engine
+
+
+def style_choices(engine: "Engine", spec: ModelSpec) -> tuple[list[tuple[str, str]], str]:
+    """(label, name) pairs for the Style control, and the line under it."""
+    refusal = engine.style_refusal(spec.id) if spec.styles else None
+    if not spec.styles or refusal:
+        return [(NO_STYLE, NO_STYLE)], refusal or f"{spec.short_title or spec.id} has no styles"
+    return ([(NO_STYLE, NO_STYLE)] + [(style.title, style.name) for style in spec.styles],
+            "swapped on the warm graph: no recompile")
+
+
+def style_updates(engine: "Engine", spec: ModelSpec, style: str = NO_STYLE, scale: float | None = None) -> tuple:
+    """Updates for (style, style scale) showing ``spec``'s styles, ``style`` selected."""
+    choices, info = style_choices(engine, spec)
+    chosen = find_style(spec.styles, style) if style in [name for _, name in choices] else None
+    value = chosen.name if chosen else NO_STYLE
+    default = chosen.default_scale if chosen else 1.0
+    return (gr.update(choices=choices, value=value, info=info, interactive=len(choices) > 1),
+            gr.update(value=default if scale is None else scale))
+
+
+def style_controls(engine: "Engine", spec: ModelSpec) -> tuple[gr.Dropdown, gr.Slider]:
+    """The Style dropdown and its strength slider, for the start model (not rendered yet: the style
+    examples under the prompt set them, and they are rendered in Advanced)."""
+    choices, info = style_choices(engine, spec)
+    style = gr.Dropdown(label="Style", choices=choices, value=NO_STYLE, info=info, interactive=len(choices) > 1,
+                        elem_id="style", render=False)
+    low, high = STYLE_SCALE_RANGE
+    scale = gr.Slider(label="Style strength", minimum=low, maximum=high, step=0.05, value=1.0,
+                      info="0 draws as no style", elem_id="style-scale", render=False)
+    return style, scale
+
+
+def style_examples(spec: ModelSpec, prompt: Any, resolution: Any, style: Any, scale: Any) -> None:
+    """"Try a style": each of the model's styles with its example prompt (catalog), at its strength."""
+    rows = [style_spec for style_spec in spec.styles if style_spec.example]
+    if rows:
+        gr.Examples(examples=[[s.example, str(spec.buckets[0]), s.name, s.default_scale] for s in rows],
+                    inputs=[prompt, resolution, style, scale], label="Try a style", elem_id="style-examples",
+                    example_labels=[f"{s.name} \u00b7 {s.example}" for s in rows])
+
+
+def caption_part(parameters: Mapping[str, Any]) -> str:
+    """" · style outline 1" for a caption ("" for no style)."""
+    name = parameters.get("style") or ""
+    return f" \u00b7 style {name} {float(parameters.get('style_scale', 1.0)):g}" if name else ""
+
+
+__all__ = ["caption_part", "style_controls", "style_examples", "style_updates"]
