@@ -179,6 +179,13 @@ def main(argv=None) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     started = time.perf_counter()
     pipe = load_base(args.base)
+    if args.evaluate_only:
+        record_path = args.output / f"{args.style}.json"
+        pipe.load_lora_weights(str(args.output / f"{args.style}.safetensors"), adapter_name=args.style)
+        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        record["evaluation"] = evaluate_style(pipe, args.style, args.seed)
+        record_path.write_text(json.dumps(record, indent=1) + "\n")
+        return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
     buckets, embeds, pooled = prepare_buckets(pipe, args.style, args.images, args.seed, canvases, args.object_weight)
     prepared = time.perf_counter()
