@@ -38,7 +38,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 #: /generate's inputs in the handler's order (the raw API takes them positionally)
 INPUTS = ("prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale", "seed", "num_images",
-          "previews", "negative_prompt")
+          "previews", "negative_prompt", "style", "style_scale")
+#: what an input left out of ``fields`` is sent as
+DEFAULTS = {"negative_prompt": "", "style": "None", "style_scale": 1.0}
 
 
 class GradioClientVisitor:
@@ -65,7 +67,7 @@ class HttpVisitor:
         self.session_hash = secrets.token_hex(6)
 
     def generate(self, fields: dict) -> int:
-        body = {"data": [fields.get(name, "") for name in INPUTS], "session_hash": self.session_hash}
+        body = {"data": [fields.get(name, DEFAULTS.get(name, "")) for name in INPUTS], "session_hash": self.session_hash}
         event_id = self.http.post("gradio_api/call/generate", json=body).raise_for_status().json()["event_id"]
         event, payload = None, None
         with self.http.stream("GET", f"gradio_api/call/generate/{event_id}") as stream:

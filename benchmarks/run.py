@@ -50,6 +50,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--buckets", default=None,
                         help="buckets warmed for the all-buckets figures (default: the model's catalog buckets)")
     parser.add_argument("--steps", type=int, default=8, help="num_inference_steps of the measured requests")
+    parser.add_argument("--style-model", default="tiny-shapes",
+                        help="the model whose style adapters the style switch figure swaps (its own engine, compiled)")
     parser.add_argument("--switch-to", default="tiny-sd3",
                         help="the second model of the switch figure (never warmed vs pre-warmed with --warm all)")
     parser.add_argument("--pairs", type=int, default=20, help="interleaved A/B pairs per comparison")
@@ -480,6 +482,10 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
 
     _section(results, "switch", lambda: measure_switch(work_dir, args.model, args.switch_to, str(main_bucket),
                                                        args.compile_backend, threads, args.startup_timeout + 120))
+    from benchmarks.styles import measure_style_switch
+
+    _section(results, "style_switch", lambda: measure_style_switch(
+        args.main_cache_dir / "models", args.style_model, args.compile_backend, args.steps, args.smoke))
     results["load_average_end"] = _load_average()
     results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -563,6 +569,10 @@ def markdown_table(results: dict[str, Any]) -> str:
                  f"after the switch: {pre['fresh_compiles']} (never warmed: {never['fresh_compiles']}; graphs traced "
                  f"{pre['graphs_captured']} / {never['graphs_captured']})", "0 compiled afresh",
                  _met(pre["fresh_compiles"] == 0) if pre["fresh_compiles"] is not None else "\u2013"))
+    if "style_switch" in f:
+        from benchmarks.styles import table_row
+
+        rows.append(table_row(f["style_switch"]))
     header = (f"{results['device']} \u00b7 {results['model']} \u00b7 {results['resolution']} \u00b7 {results['steps']} steps \u00b7 "
               f"compiled = {results['compile_backend']} \u00b7 torch threads {results['threads']} \u00b7 load average "
               f"{results['load_average_start']} \u2192 {results['load_average_end']}")

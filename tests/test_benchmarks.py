@@ -124,6 +124,9 @@ def test_smoke_run_emits_every_figure(tmp_path):
     # the smoke compiles with aot_eager, which keeps no persistent cache: the status says "unknown", not "hit"
     assert [b["from_cache"] for b in restart["with_cache"]["buckets"]] == [None]
     # a switch to a second model, never warmed vs pre-warmed by --warm all (aot_eager keeps no cache counters)
+    styles = figures["style_switch"]  # tiny-shapes' styles hot-swapped on its warm compiled graph
+    assert styles["switches"] >= 5 and styles["compiles"] == 0 and styles["dynamo_graphs"] == 0
+    assert styles["swap_ms_median"] > 0 and "style switch" in run.stdout
     switch = figures["switch"]
     assert switch["pre_warmed"]["images"] == switch["never_warmed"]["images"] == 1 and switch["ratio"] > 0
     assert switch["pre_warmed"]["loaded_after"] == [switch["pre_warmed"]["to"]]

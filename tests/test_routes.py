@@ -89,7 +89,7 @@ def test_every_generate_field_refuses_hostile_json_on_every_queued_route(served_
 @pytest.mark.parametrize("data, message", [
     ([], "prompt: missing"),
     ("first three", "resolution: missing"),
-    ("one extra", "data: 11 value(s), 1 too many"),
+    ("one extra", "data: 13 value(s), 1 too many"),
     ("not a list", "data: must be a list of values"),
     ({"prompt": "x"}, "data: must be a list of values"),
     (None, "data: must be a list of values"),

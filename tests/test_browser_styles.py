@@ -1,0 +1,64 @@
+"""Styles in a real browser: pick a style in Advanced, generate in compiled mode, and the Buckets
+panel shows that nothing compiled (headless Debian Chromium against the real app on loopback)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from browser_support import CHROMIUM, guard_network, launch_chromium, start_app, stop_app, wait_for_gallery_images
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
+                                reason=f"{CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)")
+
+PROMPT = "a large blue circle in the center on a white background"
+
+
+def total_compiles(page) -> int:
+    """The panel's "N graphs compiled in total"."""
+    text = page.inner_text("#bucket-status")
+    return int(re.search(r"(\d+) graphs compiled in total", text).group(1))
+
+
+def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compiling(cache_dir):
+    from playwright.sync_api import sync_playwright
+
+    app, url = start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", "--model", "tiny-shapes",
+                         "--models", "tiny-shapes", "--mode", "compiled", "--buckets", "64x64")
+    try:
+        with sync_playwright() as playwright:
+            browser = launch_chromium(playwright)
+            context = browser.new_context(viewport={"width": 1280, "height": 1000})
+            blocked = guard_network(context)
+            page = context.new_page()
+            page.goto(url)
+            page.wait_for_selector("#generate")
+            # start-up warmup: the one bucket goes warm in compiled mode
+            page.wait_for_function("""() => [...document.querySelectorAll('#bucket-status tr')].some(
+                row => /64x64/.test(row.innerText) && /compiled/.test(row.innerText) && /warm/.test(row.innerText))""",
+                                   timeout=120_000)
+            compiled_at_warmup = total_compiles(page)
+            assert compiled_at_warmup > 0
+            page.click("#advanced button.label-wrap")
+            # the "Try a style" example sets the prompt and the style together
+            page.locator("#style-examples").get_by_text("outline \u00b7 a large blue circle").click()
+            page.wait_for_function("document.querySelector('#style input').value.startsWith('Outline')")
+            assert page.input_value("#prompt textarea") == PROMPT
+            page.uncheck("text=Randomize seed")
+            for title, name in (("Outline (only the border of each shape)", "outline"),
+                                ("Striped (bands of background across each shape)", "striped")):
+                page.click("#style input")
+                page.get_by_role("option", name=title).click()
+                page.click("#generate")
+                wait_for_gallery_images(page, 2)  # the page's default: two images
+                page.wait_for_function(f"document.querySelector('#gallery').innerText.includes('style {name} 1')",
+                                       timeout=30_000)
+                assert "compiled first" not in page.inner_text("#gallery")
+                page.wait_for_timeout(1500)  # the panel refreshes every second
+                assert total_compiles(page) == compiled_at_warmup, page.inner_text("#bucket-status")
+            assert blocked == []
+            context.close()
+            browser.close()
+    finally:
+        stop_app(app)
