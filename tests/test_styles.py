@@ -145,6 +145,29 @@ def test_same_pixels_whatever_came_before(styled_engine, model):
     assert np.array_equal(image(fresh, fresh_request(first)), first_alone)
 
 
+def test_an_eager_call_with_no_style_skips_the_slot_and_compiled_mode_still_compiles_nothing(styled_engine, make_engine):
+    """Eager with no style: the slot's layers do no work (their output is 0 anyway), the pixels are
+    those of the model without a slot; styled eager calls use it; the compiled graph, warmed with
+    the slot on, sees it on again after eager calls and compiles nothing."""
+    one_bucket = {SHAPES: (Bucket(64, 64),)}
+    engine, (first, _), request = styled_engine(SHAPES, bucket_overrides=one_bucket)
+    engine.warmup(SHAPES, ExecutionMode.COMPILED)
+    compiled_before = engine.counter.count
+    transformer = engine.pool.get(SHAPES).pipeline.transformer
+    [lora_a] = [m for name, m in transformer.named_modules() if name.endswith("lora_A.style")][:1]
+    calls = []
+    lora_a.register_forward_hook(lambda *_: calls.append(1))
+    plain = image(engine, request(mode="eager"))
+    assert calls == [], "the slot worked in an eager call with no style"
+    styled_image = image(engine, request(first, mode="eager"))
+    assert calls and not np.array_equal(plain, styled_image)
+    image(engine, request(mode="compiled"))
+    assert engine.counter.count == compiled_before
+    no_slot = make_engine(offered_models=(SHAPES,), style_overrides={SHAPES: ()}, bucket_overrides=one_bucket)
+    assert no_slot.pool.load(no_slot.spec(SHAPES)).styles is None
+    assert np.array_equal(plain, image(no_slot, request(mode="eager")))
+
+
 def test_images_of_different_styles_never_share_a_call(make_engine):
     from tpu_demo.engine.batching import call_shape
 

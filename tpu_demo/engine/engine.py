@@ -302,7 +302,7 @@ class Engine:
         # tensor parallel carries one prompt and seed per call (batch 1): see set_max_batch
         call = PipelineCall(loaded.spec.id, mode.value, prompts[0], bucket.width, bucket.height, steps, guidance,
                             seeds[0], negatives[0])
-        with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode():
+        with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode(), loaded.slot_bypass(mode):
             output = loaded.pipeline(
                 height=bucket.height, width=bucket.width, num_inference_steps=steps,
                 generator=generators if len(generators) > 1 else generators[0],

@@ -43,6 +43,10 @@ class LoadedModel:
     #: the hot-swappable style adapter slot (models/styles.py); None: the model offers no styles here
     styles: StyleAdapters | None = None
 
+    def slot_bypass(self, mode: ExecutionMode) -> contextlib.AbstractContextManager:
+        """Around a call in ``mode``: an eager call with no style skips the style slot (models/styles.py)."""
+        return self.styles.bypassed_when_unstyled(mode) if self.styles else contextlib.nullcontext()
+
     def call_inputs(self, prompt: str, guidance: float, negative_prompt: str = "") -> dict[str, Any]:
         """The pipeline call's prompt arguments: ``prompt=`` or, resident, the (cached) embeddings."""
         if self.prompt_encoder is None:

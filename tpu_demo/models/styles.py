@@ -14,15 +14,17 @@ One adapter slot, always present from the load on: no style is the widest adapte
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec, Placement
 from tpu_demo.core.errors import EngineError
+from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.styles import StyleSpec
 
 log = logging.getLogger("tpu_demo.engine")
@@ -113,3 +115,18 @@ class StyleAdapters:
         log.info("style %s at %.2f on %s in %.1f ms", wanted[0] or "None", wanted[1], self.spec.id,
                  1000 * self.last_swap_seconds)
         return True
+
+    @contextlib.contextmanager
+    def bypassed_when_unstyled(self, mode: ExecutionMode) -> Iterator[None]:
+        """Run an eager call with no style without the slot's layers: its output adds exactly 0, so
+        the pixels are the same, and on a small model its work is a third of the call (1.34x on
+        tiny-shapes). A compiled call keeps the layers on: its graph guards on the flag, and turning
+        it off would compile a second graph per bucket. The eager modes never run that graph."""
+        if mode is ExecutionMode.COMPILED or self.current[0]:
+            yield
+            return
+        self.pipeline.transformer.disable_lora()
+        try:
+            yield
+        finally:
+            self.pipeline.transformer.enable_lora()
