@@ -1,13 +1,18 @@
 """Styles in a real browser: pick a style in Advanced, generate in compiled mode, and the Buckets
-panel shows that nothing compiled (headless Debian Chromium against the real app on loopback)."""
+panel shows that nothing compiled; the styled image's reproduce link fills the style and makes the same
+pixels (headless Debian Chromium against the real app on loopback)."""
 
 from __future__ import annotations
 
+import io
 import re
 
+import numpy as np
 import pytest
+from PIL import Image
 
-from browser_support import CHROMIUM, guard_network, launch_chromium, start_app, stop_app, wait_for_gallery_images
+from browser_support import (CHROMIUM, GALLERY_IMAGES, guard_network, launch_chromium, start_app, stop_app,
+                             wait_for_gallery_images)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason=f"{CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)")
@@ -19,6 +24,12 @@ def total_compiles(page) -> int:
     """The panel's "N graphs compiled in total"."""
     text = page.inner_text("#bucket-status")
     return int(re.search(r"(\d+) graphs compiled in total", text).group(1))
+
+
+def gallery_pixels(page, index: int) -> np.ndarray:
+    src = page.eval_on_selector_all(GALLERY_IMAGES, "images => images.map(img => img.src)")[index]
+    with Image.open(io.BytesIO(page.request.get(src).body())) as image:
+        return np.asarray(image.convert("RGB"))
 
 
 def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compiling(cache_dir):
@@ -57,6 +68,29 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
                 assert "compiled first" not in page.inner_text("#gallery")
                 page.wait_for_timeout(1500)  # the panel refreshes every second
                 assert total_compiles(page) == compiled_at_warmup, page.inner_text("#bucket-status")
+            # the link of the second striped image: a new page gets the style too, and the same pixels
+            original = gallery_pixels(page, 1)
+            page.locator(GALLERY_IMAGES).nth(1).click()
+            page.click("#copy-link")
+            page.wait_for_function("(document.querySelector('#image-link textarea') || {}).value?.startsWith('http')",
+                                   timeout=20_000)
+            link = page.input_value("#image-link textarea")
+            assert link.endswith("&style=striped&style_scale=1.0") and "mode=compiled" in link, link
+            shared = context.new_page()
+            shared.goto(link)
+            shared.wait_for_function("(document.querySelector('#link-note') || {}).innerText")
+            shared.click("#advanced button.label-wrap")
+            assert shared.input_value("#style input").startswith("Striped")
+            assert float(shared.input_value("#style-scale input[type=number]")) == 1.0
+            shared.click("#generate-this")
+            wait_for_gallery_images(shared, 1)
+            assert np.array_equal(gallery_pixels(shared, 0), original)
+            tampered = context.new_page()
+            tampered.goto(link.replace("style=striped", "style=sketch"))
+            tampered.wait_for_function("(document.querySelector('#link-note') || {}).innerText")
+            note = tampered.inner_text("#link-note")
+            assert "style: 'sketch' is not a style of tiny-shapes" in note and "Nothing was run" in note
+            assert not tampered.locator("#generate-this").is_visible()
             assert blocked == []
             context.close()
             browser.close()

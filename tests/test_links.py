@@ -36,3 +36,33 @@ def test_a_link_reproduces_the_request_and_bad_parameters_name_the_link_field():
         links.request_from_link(query + "&seed=1")
     with pytest.raises(RequestError, match="^model: "):
         links.request_from_link(query, RequestLimits(offered_models=("tiny-sd3",)))
+
+
+def test_a_styled_link_carries_its_style_and_a_tampered_style_is_refused_under_its_name():
+    """A link to a styled image (tiny-shapes' trained styles) carries style and style_scale and gives
+    back the same request; an unstyled one carries neither (links made before styles stay valid)."""
+    shapes = dict(model="tiny-shapes", guidance_scale=3.0, num_inference_steps=4)
+    original = validate_request(request_fields(style="outline", style_scale=0.8, **shapes))
+    query = links.link_query(dict(original.as_dict(), resolution=original.resolution))
+    assert query.endswith("&seed=7&style=outline&style_scale=0.8")
+    again = links.request_from_link(query)
+    assert (again.style, again.style_scale) == ("outline", 0.8) and again == original
+    for unstyled in ("", "None"):
+        plain = links.link_query(dict(original.as_dict(), resolution=original.resolution, style=unstyled))
+        assert "style" not in plain and links.request_from_link(plain).style == ""
+    assert links.request_from_link(query.replace("style=outline", "style=None")).style == ""
+
+    cases = {"style=watercolor": "style: 'watercolor' is not a style of tiny-shapes",
+             "style=..%2F..%2Fetc%2Fpasswd": "style: '../../etc/passwd' is not a style of tiny-shapes",
+             "style_scale=2.5": "style_scale: must be from 0.0 to 2.0", "style_scale=nan": "style_scale: must be",
+             "style_scale=strong": "style_scale: must be a number"}
+    for change, message in cases.items():
+        name = change.split("=")[0]
+        tampered = "&".join(change if part.startswith(name + "=") else part for part in query.split("&"))
+        with pytest.raises(RequestError) as error:
+            links.request_from_link(tampered)
+        assert str(error.value).startswith(message) and error.value.field == name, (change, str(error.value))
+    with pytest.raises(RequestError, match="^style: is given more than once"):
+        links.request_from_link(query + "&style=striped")
+    with pytest.raises(RequestError, match="^style: 'outline' is not a style of tiny-flux"):  # the model's own list
+        links.request_from_link(links.link_query(dict(request_fields(), style="outline", style_scale=1.0)))

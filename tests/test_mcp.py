@@ -54,13 +54,20 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     schema = tools["generate_images"].inputSchema
     assert schema["required"] == ["prompt"]
     assert set(schema["properties"]) == {"prompt", "model", "mode", "resolution", "num_inference_steps",
-                                         "guidance_scale", "seed", "num_images", "negative_prompt"}
+                                         "guidance_scale", "seed", "num_images", "negative_prompt", "style",
+                                         "style_scale"}
     for name, prop in schema["properties"].items():
         assert prop.get("description"), f"{name} has no description"
     assert "64x64" in schema["properties"]["resolution"]["description"]  # this server's buckets, per model
     assert "1-4" in schema["properties"]["num_images"]["description"]
     assert "default" in schema["properties"]["num_inference_steps"]["description"]
-    assert set(tools["compare_execution_modes"].inputSchema["properties"]) >= {"prompt", "model", "seed"}
+    assert set(tools["compare_execution_modes"].inputSchema["properties"]) >= {"prompt", "model", "seed", "style",
+                                                                               "style_scale"}
+    style_doc = schema["properties"]["style"]["description"]
+    assert "tiny-shapes: None, outline (" in style_doc and "striped (" in style_doc and "default 'None'" in style_doc
+    assert "tiny-flux: None only" in style_doc
+    scale_doc = schema["properties"]["style_scale"]["description"]
+    assert "0.0-2.0" in scale_doc and "outline 1" in scale_doc and "default" in scale_doc
     for endpoint in ("generate", "compare_modes", "stop", "switch_model"):  # public API or page handler: no tool
         refused = call(url, endpoint, {})
         assert refused.isError and text_of(refused).startswith("unknown tool"), text_of(refused)
@@ -68,6 +75,11 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     models = json.loads(text_of(call(url, "list_models", {})))
     tiny = next(m for m in models["models"] if m["id"] == "tiny-flux")
     assert "64x64" in tiny["buckets"] and tiny["steps"]["min"] >= 1 and set(tiny["warm_buckets"]) == set(models["modes"])
+    assert tiny["styles"] == []
+    shapes = next(m for m in models["models"] if m["id"] == "tiny-shapes")
+    assert [(s["name"], s["trigger"], s["default_scale"]) for s in shapes["styles"]] == [("outline", "", 1.0),
+                                                                                       ("striped", "", 1.0)]
+    assert shapes["style_scale"] == {"min": 0.0, "max": 2.0} and shapes["styles_refused"] is None
 
     result = call(url, "generate_images", dict(prompt="a red circle on a white background", seed=11, num_images=2, **FAST))
     assert not result.isError, text_of(result)
@@ -96,6 +108,37 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     assert bad.isError and text_of(bad).startswith("resolution: ") and "choose one of" in text_of(bad)
     bad = call(url, "generate_images", dict(FAST, prompt="a red circle", num_images=99))
     assert bad.isError and text_of(bad).startswith("num_images: must be from 1 to 4")
+
+
+def test_a_styled_generate_names_its_style_in_the_png_and_a_bad_style_names_the_field(launch_app):
+    """tiny-shapes' trained styles through the official client: the PNG's settings and A1111 tag name the
+    style, the pixels are the engine's for that style, the link carries it; bad values name their field."""
+    app, url = launch_app("--no-warmup")
+    shapes = dict(prompt="a large red square in the center on a white background", model="tiny-shapes", mode="eager",
+                  resolution="64x64", num_inference_steps=4, guidance_scale=3.0)
+    result = call(url, "generate_images", dict(shapes, seed=5, style="outline", style_scale=0.8))
+    assert not result.isError, text_of(result)
+    text = text_of(result)
+    assert text.startswith("Ran 1 image(s) of tiny-shapes with style outline 0.8 at 64x64") and "style outline 0.8" in text
+    (image_url,) = png_urls(text)
+    with Image.open(io.BytesIO(httpx.get(image_url).content)) as image:
+        settings = pngmeta.read_settings(image)
+        assert image.text["parameters"].splitlines()[0].endswith("<lora:outline:0.8>")
+        styled = np.asarray(image.convert("RGB"))
+    assert (settings["style"], settings["style_scale"]) == ("outline", 0.8)
+    assert np.array_equal(styled, reference(app, seed=5, style="outline", style_scale=0.8, **shapes))
+    assert not np.array_equal(styled, reference(app, seed=5, **shapes))
+    assert "&style=outline&style_scale=0.8" in text  # the reproduce link carries it
+
+    default = call(url, "generate_images", dict(shapes, seed=5, style="striped"))  # strength left out: the style's
+    assert not default.isError and "style striped 1" in text_of(default), text_of(default)
+    for arguments, message in ((dict(style="watercolor"), "style: 'watercolor' is not a style of tiny-shapes"),
+                               (dict(style="outline", style_scale=2.5), "style_scale: must be from 0.0 to 2.0")):
+        bad = call(url, "generate_images", dict(shapes, **arguments))
+        assert bad.isError and text_of(bad).startswith(message), text_of(bad)
+    bad = call(url, "compare_execution_modes", dict({k: v for k, v in FAST.items() if k != "mode"},
+                                                    prompt="a red circle", style="outline"))
+    assert bad.isError and text_of(bad).startswith("style: 'outline' is not a style of tiny-flux"), text_of(bad)
 
 
 def test_four_concurrent_calls_at_max_per_ip_1_one_runs_three_are_refused(launch_app, request_log):

@@ -1,7 +1,8 @@
 """The link that reproduces an image: its settings as query parameters of the page's own URL.
 
 ``/?prompt=...&model=tiny-shapes&mode=eager&resolution=64x64&steps=12&guidance=3.0&seed=7``
-(``negative_prompt`` too where the image had one). Opening it fills the controls; nothing runs until
+(``negative_prompt`` too where the image had one; ``style`` and ``style_scale`` where it had a style, so a
+link to an unstyled image reads as it did before styles). Opening it fills the controls; nothing runs until
 the visitor clicks, so a shared link cannot queue work by being visited. Every parameter is checked
 by the same validation as the API, and an error names the link's parameter (``steps: must be from 1
 to 50, got 999``). The same settings on the same server and weights give the same pixels.
@@ -13,12 +14,13 @@ from typing import Any, Mapping
 from urllib.parse import parse_qs, urlencode
 
 from tpu_demo.core.request import GenerationRequest, RequestError, RequestLimits, validate_request
+from tpu_demo.core.styles import NO_STYLE
 
 #: link parameter -> request field, in the link's order
 LINK_FIELDS = {"prompt": "prompt", "model": "model", "mode": "mode", "resolution": "resolution",
                "steps": "num_inference_steps", "guidance": "guidance_scale", "seed": "seed",
-               "negative_prompt": "negative_prompt"}
-#: parameters a link must carry (a negative prompt may be left out)
+               "negative_prompt": "negative_prompt", "style": "style", "style_scale": "style_scale"}
+#: parameters a link must carry (a negative prompt and a style may be left out)
 REQUIRED = ("prompt", "model", "mode", "resolution", "steps", "guidance", "seed")
 #: longer query strings are refused unread (a prompt is at most a few thousand characters)
 MAX_QUERY_CHARS = 16384
@@ -28,8 +30,10 @@ _LINK_NAME = {field: name for name, field in LINK_FIELDS.items()}
 
 def link_query(settings: Mapping[str, Any]) -> str:
     """The query string (without ``?``) for a request's or a PNG's settings (request field names)."""
+    styled = settings.get("style") not in (None, "", NO_STYLE)
     pairs = [(name, settings[field]) for name, field in LINK_FIELDS.items()
-             if field in settings and not (field == "negative_prompt" and not settings[field])]
+             if field in settings and not (field == "negative_prompt" and not settings[field])
+             and (styled or field not in ("style", "style_scale"))]
     return urlencode([(name, str(value)) for name, value in pairs])
 
 

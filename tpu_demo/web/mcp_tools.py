@@ -23,6 +23,7 @@ from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, check_model, validate_request
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, find_style, style_names
 from tpu_demo.web.outputs import user_error
 
 if TYPE_CHECKING:
@@ -75,6 +76,16 @@ class McpTools:
                 return f"fixed at {spec.default_guidance} (any value 0-20 is accepted and ignored)"
             return f"{spec.guidance_range[0]}-{spec.guidance_range[1]}, default {spec.default_guidance}"
 
+        def styles(spec: Any) -> str:
+            refusal = self.engine.style_refusal(spec.id) if spec.styles else None
+            if not spec.styles or refusal:
+                return f"{NO_STYLE} only" + (f" ({refusal})" if refusal else "")
+            return ", ".join([NO_STYLE] + [f"{s.name} ({s.title!r}" + (f", trigger words {s.trigger!r}" if s.trigger else "")
+                                           + ")" for s in spec.styles])
+
+        scales = "; ".join(f"{m}: " + ", ".join(f"{s.name} {s.default_scale:g}" for s in self.engine.spec(m).styles)
+                           for m in self.engine.specs if self.engine.spec(m).styles) or "no model here has styles"
+
         return {
             "prompt": f"what to draw, 1-{limits.max_prompt_chars} characters of plain text (required).",
             "model": f"one of {', '.join(self.engine.specs)}; default {settings.start_model}.",
@@ -86,6 +97,10 @@ class McpTools:
             "guidance_scale": "guidance scale (" + self._per_model(guidance) + "); default: the model's.",
             "seed": f"0-{MAX_SEED}; image i uses seed + i; default 0.",
             "num_images": f"1-{limits.max_images}; default 1.",
+            "style": (f"a style adapter (LoRA, swapped on the warm graph without recompiling) by name, or {NO_STYLE!r} "
+                      "for none; per model: " + self._per_model(styles) + f"; default {NO_STYLE!r}."),
+            "style_scale": (f"the style's strength, {STYLE_SCALE_RANGE[0]}-{STYLE_SCALE_RANGE[1]} (0 draws as no style; "
+                            "ignored without a style); default: the style's own (" + scales + "), 1.0 without a style."),
             "negative_prompt": ("what the image should not show (only " + (", ".join(takes_negative) or "no model here")
                                 + " take one; leave empty for the others); default empty."),
         }
@@ -102,16 +117,17 @@ class McpTools:
 
         def generate_images(prompt: str, model: str = start_model, mode: str = start_mode, resolution: str = "",
                             num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                            seed: int = 0, num_images: int = 1, negative_prompt: str = "",
-                            request: gr.Request = None) -> str:
+                            seed: int = 0, num_images: int = 1, negative_prompt: str = "", style: str = NO_STYLE,
+                            style_scale: float | None = None, request: gr.Request = None) -> str:
             return self.generate(prompt, model, mode, resolution, num_inference_steps, guidance_scale, seed,
-                                 num_images, negative_prompt, request)
+                                 num_images, negative_prompt, style, style_scale, request)
 
         def compare_execution_modes(prompt: str, model: str = start_model, resolution: str = "",
                                     num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                                    seed: int = 0, negative_prompt: str = "", request: gr.Request = None) -> str:
+                                    seed: int = 0, negative_prompt: str = "", style: str = NO_STYLE,
+                                    style_scale: float | None = None, request: gr.Request = None) -> str:
             return self.compare(prompt, model, resolution, num_inference_steps, guidance_scale, seed, negative_prompt,
-                                request)
+                                style, style_scale, request)
 
         def list_models() -> str:
             return self.models_json()
@@ -127,15 +143,18 @@ class McpTools:
             "Run one prompt and seed in all three execution modes (strict eager, optimized eager, compiled) "
             "and compare them warm against warm: seconds per image, speedup over strict eager and the "
             "largest pixel difference.", ("prompt", "model", "resolution", "num_inference_steps",
-                                           "guidance_scale", "seed", "negative_prompt"),
+                                           "guidance_scale", "seed", "negative_prompt", "style", "style_scale"),
             "text: one line per mode with its timing and the URL of its image.")
         list_models.__doc__ = ("List the models this server offers: their resolution buckets, step and guidance "
-                               "ranges and defaults, and which buckets are warm (compiled) in each mode.\n\n"
+                               "ranges and defaults, their styles (name, trigger words, default strength) and which buckets are warm "
+                               "(compiled) in each mode.\n\n"
                                "Returns:\n    JSON text: device, modes, limits and one entry per model.")
         return generate_images, compare_execution_modes, list_models
 
-    def _raw(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any) -> dict[str, Any]:
-        """Fill the model's defaults for what the caller left out (the rest is checked as sent)."""
+    def _raw(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, style: Any,
+             style_scale: Any) -> dict[str, Any]:
+        """Fill the model's defaults for what the caller left out (the rest is checked as sent): a style's
+        strength left out is the style's own, as the API's validation has it."""
         try:
             spec = self.engine.spec(check_model(model, self.limits).id)
         except RequestError as error:
@@ -143,7 +162,14 @@ class McpTools:
             raise user_error(str(error), "Invalid input") from None
         return dict(prompt=prompt, model=model, resolution=resolution if resolution not in ("", None) else str(spec.buckets[0]),
                     num_inference_steps=spec.default_steps if steps is None else steps,
-                    guidance_scale=spec.default_guidance if guidance is None else guidance)
+                    guidance_scale=spec.default_guidance if guidance is None else guidance,
+                    style=NO_STYLE if style is None else style, style_scale=style_scale if style_scale is not None
+                    else getattr(self._style(spec, style), "default_scale", 1.0))
+
+    @staticmethod
+    def _style(spec: Any, name: Any) -> Any:
+        """The model's style called ``name`` (None for no style or a name it does not offer: validation says so)."""
+        return find_style(spec.styles, name) if isinstance(name, str) and name in style_names(spec.styles) else None
 
     def _keep(self, path: str) -> str:
         return str(self.keeper.move_resource_to_block_cache(path))
@@ -153,8 +179,8 @@ class McpTools:
         return "warm" if any(b.state is BucketState.WARM for b in rows) else "cold (compiled for this request)"
 
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
-                 num_images: Any, negative_prompt: Any, request: gr.Request | None) -> str:
-        raw = self._raw(prompt, model, resolution, steps, guidance)
+                 num_images: Any, negative_prompt: Any, style: Any, style_scale: Any, request: gr.Request | None) -> str:
+        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale)
         try:  # checked here first only to say how warm the bucket was before the run; generate checks again
             checked = validate_request(dict(raw, mode=mode, seed=seed, num_images=num_images,
                                             negative_prompt=negative_prompt), self.limits)
@@ -166,7 +192,8 @@ class McpTools:
         kept: dict[str, str] = {}
         for gallery, _ in self.handlers.generate(raw["prompt"], raw["model"], mode, raw["resolution"],
                                                  raw["num_inference_steps"], raw["guidance_scale"], seed, num_images,
-                                                 False, negative_prompt, request=request):
+                                                 False, negative_prompt, raw["style"], raw["style_scale"],
+                                                 request=request):
             for item in gallery:  # into Gradio's cache before the handler's own files go
                 path = item["image"]["path"]
                 kept.setdefault(path, self._keep(path))
@@ -174,7 +201,8 @@ class McpTools:
         if checked is None:  # generate validated the same fields and finished: cannot happen
             raise user_error("the request could not be described", "Generation failed")
         root = _root_url(request)
-        lines = [f"Ran {len(gallery)} image(s) of {checked.model} at {checked.resolution} on {self.engine.device.badge}, "
+        styled = f" with style {checked.style} {checked.style_scale:g}" if checked.style else ""
+        lines = [f"Ran {len(gallery)} image(s) of {checked.model}{styled} at {checked.resolution} on {self.engine.device.badge}, "
                  f"mode {self.engine.mode_description(checked.mode)}; bucket {warmth} before the request; "
                  f"{seconds:.2f} s in all."]
         for index, item in enumerate(gallery):
@@ -184,12 +212,12 @@ class McpTools:
         return "\n".join(lines)
 
     def compare(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
-                negative_prompt: Any, request: gr.Request | None) -> str:
-        raw = self._raw(prompt, model, resolution, steps, guidance)
+                negative_prompt: Any, style: Any, style_scale: Any, request: gr.Request | None) -> str:
+        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale)
         final: tuple[Any, ...] = ()
         updates: Iterator = self.comparer.compare_modes(raw["prompt"], negative_prompt, raw["model"], raw["resolution"],
                                                         raw["num_inference_steps"], raw["guidance_scale"], seed,
-                                                        request=request)
+                                                        raw["style"], raw["style_scale"], request=request)
         for update in updates:
             final = update
         gallery, _, figures = final
@@ -211,6 +239,7 @@ class McpTools:
         models = []
         for model_id in self.engine.specs:
             spec = self.engine.spec(model_id)
+            refusal = self.engine.style_refusal(model_id) if spec.styles else None
             warm = {mode.value: sorted({b.resolution for b in self.engine.buckets_for(model_id, mode)
                                         if b.state is BucketState.WARM}) for mode in modes}
             models.append({
@@ -221,6 +250,9 @@ class McpTools:
                              {"min": spec.guidance_range[0], "max": spec.guidance_range[1],
                               "default": spec.default_guidance}),
                 "negative_prompt": spec.negative_prompt, "warm_buckets": warm,
+                "styles": [{"name": s.name, "title": s.title, "trigger": s.trigger, "default_scale": s.default_scale}
+                           for s in spec.styles] if not refusal else [],
+                "styles_refused": refusal, "style_scale": {"min": STYLE_SCALE_RANGE[0], "max": STYLE_SCALE_RANGE[1]},
             })
         return json.dumps({"device": self.engine.device.badge, "modes": [m.value for m in modes],
                            "default_mode": self.handlers.settings.start_mode.value,

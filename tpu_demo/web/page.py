@@ -34,7 +34,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
     history = history or SessionHistory()
     comparer = CompareHandler(handlers)
     settings = handlers.settings
-    share = ShareLinks(settings.limits, handlers._checked, handlers._model_controls)
+    share = ShareLinks(settings.limits, handlers._checked, handlers._model_controls, handlers.restore.style_controls,
+                       handlers.engine.style_refusal)
     spec = handlers.engine.spec(settings.start_model)
     modes = [(m.title, m.value) for m in settings.limits.offered_modes]
     # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
@@ -160,7 +161,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         copy_link.click(share.link_query, [gallery, selected], [link_box], api_visibility="private", queue=False).then(
             None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
         demo.load(share.open_link, [page_query], [prompt, model, mode, resolution, steps, guidance, seed, randomize,
-                                                  header, details, negative_prompt, num_images, link_note, generate_this],
+                                                  header, details, negative_prompt, num_images, style, style_scale,
+                                                  link_note, generate_this],
                   js=QUERY_JS, api_visibility="private", queue=False)
         # the MCP tools (Gradio's MCP server serves every public endpoint as one): same queues as the page;
         # the page's own endpoints stay in the API and are not tools

@@ -19,6 +19,7 @@ from tpu_demo.core.catalog import ModelSpec
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.pngmeta import PngRejected
 from tpu_demo.core.request import RequestError, RequestLimits
+from tpu_demo.core.styles import NO_STYLE
 from tpu_demo.web.restore import read_png_settings
 
 #: the browser turns the handler's query string into the full link and copies it (page.py)
@@ -32,20 +33,27 @@ COPY_JS = """(query) => {
 QUERY_JS = "() => window.location.search"
 
 #: the controls ``open_link`` fills: prompt, model, mode, resolution, steps, guidance, seed, randomize,
-#: header, details, negative prompt, number of images, the link note, the Generate this button
-LINK_OUTPUTS = 14
+#: header, details, negative prompt, number of images, style, style strength, the link note, the
+#: Generate this button
+LINK_OUTPUTS = 16
 
 
 class ShareLinks:
     """Copy link (from the gallery's selected image) and the page opened from a link."""
 
     def __init__(self, limits: RequestLimits, checked: Callable[[Any, Any], tuple[ModelSpec, ExecutionMode]],
-                 model_controls: Callable[[ModelSpec, str, int, float, str], tuple]):
+                 model_controls: Callable[[ModelSpec, str, int, float, str], tuple],
+                 style_controls: Callable[[ModelSpec, str, float], tuple],
+                 style_refusal: Callable[[str], str | None] = lambda model_id: None):
         self.limits = limits
         #: model and mode checked like a generation's (the engine's spec of the model)
         self.checked = checked
         #: updates for (resolution, steps, guidance, header, details) showing a model's limits
         self.model_controls = model_controls
+        #: updates for (style, style strength) showing a model's styles, one selected (web/styles.py)
+        self.style_controls = style_controls
+        #: why a model's placement takes no style here (None when it does): a styled link to it is refused
+        self.style_refusal = style_refusal
 
     def link_query(self, gallery: Any, selected: Any) -> Any:
         """The selected image's settings as a link's query string, shown (the browser then completes it
@@ -74,6 +82,8 @@ class ShareLinks:
         try:
             request = links.request_from_link(query, self.limits)
             spec, mode = self.checked(request.model, request.mode.value)
+            if request.style and (refusal := self.style_refusal(spec.id)):
+                raise RequestError("style", refusal)
         except RequestError as error:
             note = (f"<p class='link-note link-error' role='alert'>This link cannot be used: "
                     f"<strong>{html.escape(str(error))}</strong>. Nothing was run.</p>")
@@ -87,4 +97,5 @@ class ShareLinks:
                 "<strong>Generate this</strong> makes the same image (nothing has run yet).</p>")
         return (request.prompt, request.model, mode.value, *controls[:3], request.seed, False, *controls[3:],
                 gr.update(value=request.negative_prompt, visible=spec.negative_prompt), 1,
+                *self.style_controls(spec, request.style or NO_STYLE, request.style_scale),
                 gr.update(value=note, visible=True), gr.update(visible=True))
