@@ -46,7 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import captions as shapes_captions, dataset as shapes_dataset  # noqa: E402
-from tiny_shapes.model import WORDINGS, build_shapes_pipeline  # noqa: E402
+from tiny_shapes.model import WORDINGS, build_shapes_pipeline, extend_vocabulary  # noqa: E402
 from tiny_shapes.vae_training import encode_images, lr_at, object_pixel_mask, train_decoder, train_vae  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
@@ -108,6 +108,10 @@ def parse_args(argv=None):
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
                         "its VAE (and latent shift/scale) is kept as is, the transformer and text encoders are trained on")
+    p.add_argument("--extend-vocabulary", action="store_true",
+                   help="with --init-from a grammar-trained pipeline and --captions varied: whole T5 pieces for "
+                        "people's words, each started from its synonym's embedding (tiny_shapes.model.extend_vocabulary; "
+                        "docs/tiny-shapes.md, 'Tenth attempt')")
     p.add_argument("--vae-blocks", type=str, default="16,32,64",
                    help="VAE block_out_channels; n blocks make vae_scale_factor 2**(n-1)")
     p.add_argument("--latent-channels", type=int, default=4,
@@ -379,6 +383,8 @@ def main(argv=None):
 
         pipe = FluxPipeline.from_pretrained(args.init_from, dtype=torch.float32, local_files_only=True)
         pipe.set_progress_bar_config(disable=True)
+        if args.extend_vocabulary:
+            extend_vocabulary(pipe)
     else:
         pipe = build_shapes_pipeline(seed=args.seed, vae_blocks=tuple(int(c) for c in args.vae_blocks.split(",")),
                                      latent_channels=args.latent_channels, wording=WORDINGS[args.captions])

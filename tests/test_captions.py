@@ -130,6 +130,35 @@ def test_tokenizer_lowercases_after_a_save_and_from_pretrained(tmp_path):
     assert tokenizer.unk_token_id not in tokenizer("a cat on a sofa").input_ids  # spelled, not unknown
 
 
+def test_extended_vocabulary_keeps_the_grammar_and_starts_synonyms_from_their_words():
+    """Teaching grammar-trained weights people's words (the tenth attempt): every grammar piece keeps its id
+    and embedding, people's words become whole pieces (not spelled), a synonym starts as its word."""
+    import torch
+
+    from tiny_shapes.model import GRAMMAR, SYNONYM_OF, build_shapes_pipeline, extend_vocabulary
+
+    pipe = build_shapes_pipeline(seed=0, wording=GRAMMAR)
+    before = pipe.tokenizer_2.get_vocab()
+    table = pipe.text_encoder_2.get_input_embeddings().weight.detach().clone()
+    text = "a little grey triangle in the upper-left corner, on a white backdrop."
+    assert len(pipe.tokenizer_2.tokenize(text)) > 20  # the grammar's tokenizer spells the new words
+    extend_vocabulary(pipe)
+    after = pipe.tokenizer_2.get_vocab()
+    assert all(after[piece] == i for piece, i in before.items())
+    assert pipe.tokenizer_2.tokenize(text) == ["\u2581" + w for w in
+                                               "a little grey triangle in the upper-left corner".split()] + \
+        [",", "\u2581on", "\u2581a", "\u2581white", "\u2581backdrop", "."]
+    assert pipe.tokenizer_2("A LITTLE Grey triangle").input_ids == pipe.tokenizer_2("a little grey triangle").input_ids
+    new_table = pipe.text_encoder_2.get_input_embeddings().weight
+    assert torch.equal(new_table[: len(before)], table[: len(before)])
+    for word, synonym in SYNONYM_OF.items():
+        row = new_table[after["\u2581" + word]]
+        if synonym is not None:
+            assert torch.equal(row, table[before["\u2581" + synonym]]), word
+        else:
+            assert torch.equal(row, table[after["\u2581" + word]]), word  # its own random start
+
+
 @pytest.mark.quick
 def test_vocabulary_line_names_unknown_words_only():
     record = captions.vocabulary_record()

@@ -39,6 +39,17 @@ class Wording:
 GRAMMAR = Wording(dataset.VOCABULARY, False, 24, 128)
 #: The caption generator's words and marks; its longest captions are 31 pieces.
 VARIED = Wording(captions.WORDS + captions.PUNCTUATION, True, 32, 160)
+#: People's words added to the grammar's as whole pieces after its own (so every grammar piece keeps its
+#: id and trained embedding), each with the grammar word whose embedding it starts from (None: the row's
+#: own random start). Punctuation stays as the grammar has it: "top-left," is "top-left" and ",".
+SYNONYM_OF: dict[str, str | None] = {
+    **{word: None for word in captions.WORDS if word not in dataset.VOCABULARY},
+    "little": "small", "tiny": "small", "big": "large", "grey": "gray", "backdrop": "background",
+    "centre": "center", "middle": "center", "centered": "center", "centred": "center",
+    "upper-left": "top-left", "upper-right": "top-right", "lower-left": "bottom-left", "lower-right": "bottom-right",
+}
+#: The grammar's pieces plus :data:`SYNONYM_OF`'s: the shipped weights fine-tuned on people's words.
+EXTENDED = Wording(dataset.VOCABULARY + tuple(SYNONYM_OF), False, 32, 128)
 WORDINGS = {"grammar": GRAMMAR, "varied": VARIED}
 #: The shipped weights' call length (demo_defaults.json, the catalog's call_kwargs).
 MAX_SEQUENCE_LENGTH = GRAMMAR.max_sequence_length
@@ -64,6 +75,23 @@ def build_t5_word_tokenizer(wording: Wording = GRAMMAR):
         split + [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
                                    unk_token="<unk>", model_max_length=wording.max_sequence_length)
+
+
+def extend_vocabulary(pipe) -> None:
+    """Give a pipeline trained on the grammar the tokenizer of :data:`EXTENDED`: the same ids for the
+    grammar's pieces, a whole piece for each of people's words (which the grammar's tokenizer spelled in
+    characters), its T5 embedding started from its synonym's. The T5 table has room (256 rows)."""
+    old = pipe.tokenizer_2.get_vocab()
+    tokenizer = build_t5_word_tokenizer(EXTENDED)
+    new = tokenizer.get_vocab()
+    assert all(new[piece] == i for piece, i in old.items()), "the grammar's pieces must keep their ids"
+    table = pipe.text_encoder_2.get_input_embeddings().weight
+    assert len(new) <= table.shape[0], f"{len(new)} pieces, {table.shape[0]} embedding rows"
+    with torch.no_grad():
+        for word, synonym in SYNONYM_OF.items():
+            if synonym is not None:
+                table[new["\u2581" + word]] = table[old["\u2581" + synonym]]
+    pipe.tokenizer_2 = tokenizer
 
 
 def build_vae(block_out_channels=(16, 32, 64), latent_channels: int = 4):
