@@ -9,6 +9,18 @@ from tpu_demo.core.request import RequestError, RequestLimits, validate_request
 from conftest import request_fields
 
 
+def _assert_refused(query: str, cases: dict[str, str], field_is_parameter: bool = False) -> None:
+    """Each ``"name=value": message`` case replaces that parameter of ``query``; the link is refused with
+    an error starting with ``message`` (and, when asked, naming the parameter as its field)."""
+    for change, message in cases.items():
+        name = change.split("=")[0]
+        tampered = "&".join(change if part.startswith(name + "=") else part for part in query.split("&"))
+        with pytest.raises(RequestError) as error:
+            links.request_from_link(tampered)
+        assert str(error.value).startswith(message), (change, str(error.value))
+        assert not field_is_parameter or error.value.field == name, (change, error.value.field)
+
+
 def test_a_link_reproduces_the_request_and_bad_parameters_name_the_link_field():
     original = validate_request(request_fields(prompt="a red circle & a blue square?", seed=4294967295,
                                                guidance_scale=0.0, num_images=3))
@@ -24,12 +36,7 @@ def test_a_link_reproduces_the_request_and_bad_parameters_name_the_link_field():
              "resolution=4096x4096": "resolution: 4096x4096 is not served for tiny-flux",
              "guidance=nan": "guidance: must be", "model=../../etc": "model: ", "mode=turbo": "mode: 'turbo' is not a mode",
              "prompt=": "prompt: is empty"}
-    for change, message in cases.items():
-        name = change.split("=")[0]
-        tampered = "&".join(change if part.startswith(name + "=") else part for part in query.split("&"))
-        with pytest.raises(RequestError) as error:
-            links.request_from_link(tampered)
-        assert str(error.value).startswith(message), (change, str(error.value))
+    _assert_refused(query, cases)
     with pytest.raises(RequestError, match="^seed: is missing from the link"):
         links.request_from_link(query.replace("&seed=4294967295", ""))
     with pytest.raises(RequestError, match="^seed: is given more than once"):
@@ -56,12 +63,7 @@ def test_a_styled_link_carries_its_style_and_a_tampered_style_is_refused_under_i
              "style=..%2F..%2Fetc%2Fpasswd": "style: '../../etc/passwd' is not a style of tiny-shapes",
              "style_scale=2.5": "style_scale: must be from 0.0 to 2.0", "style_scale=nan": "style_scale: must be",
              "style_scale=strong": "style_scale: must be a number"}
-    for change, message in cases.items():
-        name = change.split("=")[0]
-        tampered = "&".join(change if part.startswith(name + "=") else part for part in query.split("&"))
-        with pytest.raises(RequestError) as error:
-            links.request_from_link(tampered)
-        assert str(error.value).startswith(message) and error.value.field == name, (change, str(error.value))
+    _assert_refused(query, cases, field_is_parameter=True)
     with pytest.raises(RequestError, match="^style: is given more than once"):
         links.request_from_link(query + "&style=striped")
     with pytest.raises(RequestError, match="^style: 'outline' is not a style of tiny-flux"):  # the model's own list

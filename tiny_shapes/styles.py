@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from tiny_shapes.dataset import IMAGE_SIZE, OBJECT_COLOURS, PALETTE, Scene, layout, sample_scene
-from tiny_shapes.judge import _OBJECT_RGB, _nearest, _pixels_and_background, blobs, judge_image
+from tiny_shapes.judge import _OBJECT_RGB, _dilate, _nearest, _pixels_and_background, blobs, judge_image
 
 STYLES = ("outline", "striped")
 #: outline: border width in pixels per shape side: the inside of a small shape must stay wide enough
@@ -137,18 +137,6 @@ def _close_columns(mask: np.ndarray, max_gap: int) -> np.ndarray:
         for a, b in zip(rows[:-1], rows[1:]):
             if 1 < b - a <= max_gap + 1:
                 out[a:b, x] = True
-    return out
-
-
-def _dilate(mask: np.ndarray, steps: int) -> np.ndarray:
-    out = mask.copy()
-    for _ in range(steps):
-        grown = out.copy()
-        grown[1:] |= out[:-1]
-        grown[:-1] |= out[1:]
-        grown[:, 1:] |= out[:, :-1]
-        grown[:, :-1] |= out[:, 1:]
-        out = grown
     return out
 
 
