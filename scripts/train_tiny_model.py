@@ -11,9 +11,10 @@ Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
 1. render ``--num-images`` captioned scenes per bucket (tiny_shapes.dataset; held-out triples never appear);
 2. train the AutoencoderKL (MSE + a small KL term; random crops of the ``--vae-buckets`` scenes
-   first, whole ``--vae-full-buckets`` images last; tiny_shapes.vae_training), optionally its decoder
-   alone on whole images of every bucket (``--vae-decoder-steps``; the latents unchanged), then set its
-   ``shift_factor``/``scaling_factor`` from the latent statistics of every bucket;
+   first, whole ``--vae-full-buckets`` images last; tiny_shapes.vae_training), then its decoder
+   alone on whole images of every bucket, plain and drawn in the tiny styles (``--vae-decoder-steps``,
+   ``--vae-decoder-styles``; the latents unchanged), then set its ``shift_factor``/``scaling_factor``
+   from the latent statistics of every bucket;
 3. encode every image once (latent mean, ``_pack_latents``) and tokenize every caption once with
    the pipeline's own tokenizers (CLIP char-level, T5 with whole-word pieces);
 4. train the FluxTransformer2DModel together with both text encoders (CLIP pooled output + T5
@@ -47,6 +48,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import captions as shapes_captions, dataset as shapes_dataset  # noqa: E402
 from tiny_shapes.model import WORDINGS, build_shapes_pipeline, extend_vocabulary  # noqa: E402
+from tiny_shapes.styles import render_styled  # noqa: E402
 from tiny_shapes.vae_training import encode_images, lr_at, object_pixel_mask, train_decoder, train_vae  # noqa: E402
 
 #: Inference defaults recorded beside the weights (measured best; see docs/tiny-shapes.md).
@@ -99,12 +101,20 @@ def parse_args(argv=None):
     p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--vae-object-weight", type=float, default=0.0,
                    help="reconstruction loss weight of the pixels on or next to an object (background: 1)")
-    p.add_argument("--vae-decoder-steps", type=int, default=0,
+    p.add_argument("--vae-decoder-steps", type=int, default=800,
                    help="then steps of the decoder alone (encoder frozen) on whole images of every bucket in turn; "
-                        "400 lift the VAE's 128x128 ceiling above 95%% (docs/tiny-shapes.md, 'Seventh attempt')")
+                        "400 lift the VAE's 128x128 ceiling above 95%% (docs/tiny-shapes.md, 'Seventh attempt'), and "
+                        "with --vae-decoder-styles they let the style adapters' borders and bands through ('Styles')")
     p.add_argument("--vae-decoder-lr", type=float, default=5e-4)
     p.add_argument("--vae-decoder-object-weight", type=float, default=4.0,
                    help="decoder steps: extra loss weight of the pixels on or next to an object")
+    p.add_argument("--vae-decoder-styles", default="outline,striped",
+                   help="decoder steps also see every scene drawn in these tiny_shapes.styles (comma list; '' for none), "
+                        "so the decoder draws the style adapters' 3-4 px borders and bands (docs/tiny-shapes.md, 'Styles')")
+    p.add_argument("--decoder-only", action="store_true",
+                   help="with --init-from: only the decoder steps on that pipeline's VAE, everything else saved as "
+                        "loaded (how the shipped decoder was polished for the styles: the same stage a run from "
+                        "scratch ends its VAE with)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a saved tiny-shapes pipeline (e.g. the shipped one) instead of random weights: "
                         "its VAE (and latent shift/scale) is kept as is, the transformer and text encoders are trained on")
@@ -266,6 +276,32 @@ def save_pipeline(pipe, path: Path) -> None:
     (path / "demo_defaults.json").write_text(json.dumps(defaults, indent=2) + "\n")
     record = shapes_captions.vocabulary_record(pipe.tokenizer_2.model_max_length == WORDINGS["varied"].max_sequence_length)
     (path / "vocabulary.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def with_styles(sets: list[tuple[np.ndarray, np.ndarray]], data: list, sizes: list[tuple[int, int]],
+                styles: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The decoder's (images, object masks) per bucket, plus every bucket's scenes drawn in each of
+    ``styles`` at their layout positions: a decoder that only saw filled shapes blurs a 3 px border
+    shut and turns a red band olive (docs/tiny-shapes.md, "Styles")."""
+    out = []
+    for (images, mask), (_, _, scenes), size in zip(sets, data, sizes):
+        styled = [np.stack([np.asarray(render_styled(scene, style, size)) for scene in scenes]) for style in styles]
+        out.append((np.concatenate([images, *styled]),
+                    np.concatenate([mask, *(object_pixel_mask(drawn, scenes) for drawn in styled)])))
+    return out
+
+
+def save_decoder_polish(pipe, args, timings: dict) -> None:
+    """--decoder-only: the pipeline (only its decoder changed) and its record: the loaded pipeline's
+    ``training.json`` with this run's arguments under ``decoder_polish``."""
+    if not args.init_from:
+        raise SystemExit("--decoder-only polishes the decoder of an --init-from pipeline")
+    save_pipeline(pipe, args.output)
+    source = args.init_from / "training.json"
+    record = json.loads(source.read_text()) if source.is_file() else {}
+    record["decoder_polish"] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                                "timings": timings, "torch": torch.__version__}
+    (args.output / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
@@ -433,9 +469,15 @@ def main(argv=None):
                   object_sets("--vae-full-buckets", args.vae_full_buckets), args, log, vae_gen)
     if args.save_vae:
         torch.save(pipe.vae.state_dict(), args.save_vae)
-    if args.vae_decoder_steps and (args.load_vae or not args.init_from):  # --init-from keeps its VAE as it is
-        train_decoder(pipe.vae, object_sets("--buckets", args.buckets), args, log, decoder_gen)
+    # --init-from keeps its VAE as it is, unless only its decoder is to be polished
+    if args.vae_decoder_steps and (args.load_vae or not args.init_from or args.decoder_only):
+        styles = [name for name in args.vae_decoder_styles.split(",") if name]
+        train_decoder(pipe.vae, with_styles(object_sets("--buckets", args.buckets), data, sizes, styles),
+                      args, log, decoder_gen)
     timings["vae_s"] = time.perf_counter() - t
+    if args.decoder_only:
+        save_decoder_polish(pipe, args, timings)
+        return
     t = time.perf_counter()
     latents = [encode_images(pipe.vae, images) for images, _, _ in data]
     flat = torch.cat([lat.flatten() for lat in latents])

@@ -358,6 +358,10 @@ def trained(tmp_path_factory):
     return run
 
 
+#: the miniature runs' decoder steps (the shipped recipe's are 800, on plain and styled scenes)
+POLISH = ("--vae-decoder-steps", "4", "--vae-decoder-styles", "outline,striped")
+
+
 def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
     import subprocess
     import sys
@@ -365,7 +369,7 @@ def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
     out = tmp_path / name
     args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "24", "--vae-steps", "6",
             "--vae-full-steps", "4", "--vae-batch-size", "8", "--steps", "6", "--batch-sizes", "8,2,4,4",
-            "--log-every", "1", *extra]
+            "--log-every", "1", "--vae-decoder-steps", "0", *extra]
     run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
@@ -397,9 +401,9 @@ def test_bucket_mixing_and_a_loaded_vae_continue_the_run_as_documented(tmp_path,
     for bit, decoder steps included: each stage has its own generator."""
     from safetensors.numpy import load_file
 
-    full = trained(5, "--vae-decoder-steps", "4")
+    full = trained(5, *POLISH)
     saved_vae = full.parent / f"vae{full.name.removeprefix('run')}.pt"
-    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(saved_vae), "--vae-decoder-steps", "4")
+    loaded = _train(tmp_path, "loaded", 5, "--load-vae", str(saved_vae), *POLISH)
     drawn = _train(tmp_path, "draw", 5, "--bucket-mixing", "draw")
     for component in ("transformer/diffusion_pytorch_model", "text_encoder_2/model", "vae/diffusion_pytorch_model"):
         a, b, d = (load_file(run / f"{component}.safetensors") for run in (full, loaded, drawn))
@@ -420,7 +424,7 @@ def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(tr
     a run without them. So the decoder of a shipped pipeline can be polished without retraining."""
     from safetensors.numpy import load_file
 
-    polished, plain = trained(5, "--vae-decoder-steps", "4"), trained(5)
+    polished, plain = trained(5, *POLISH), trained(5)
     vae, vae_plain = (load_file(run / "vae/diffusion_pytorch_model.safetensors") for run in (polished, plain))
     assert all(np.array_equal(vae[k], vae_plain[k]) for k in vae if not k.startswith("decoder."))
     assert any(not np.array_equal(vae[k], vae_plain[k]) for k in vae if k.startswith("decoder."))
@@ -430,6 +434,46 @@ def test_decoder_steps_move_the_decoder_alone_so_the_transformer_is_unchanged(tr
     assert [c["shift_factor"] for c in configs] == [configs[1]["shift_factor"]] * 2
     log = [json.loads(line) for line in (polished / "train_log.jsonl").read_text().splitlines()]
     assert [r["bucket"] for r in log if r["stage"] == "vae_decoder"] == ["64x64", "128x128", "96x64", "64x96"]
+
+
+def test_polishing_a_saved_decoder_gives_the_decoder_of_a_run_from_scratch(tmp_path, trained):
+    """--decoder-only on a saved pipeline (how the shipped decoder was polished for the styles) runs
+    the same decoder stage as a run from scratch with the same flags: the same weights bit for bit,
+    every other component as loaded, and the loaded record kept with the polish's arguments added."""
+    from safetensors.numpy import load_file
+
+    plain, from_scratch = trained(5), trained(5, *POLISH)
+    polished = _train(tmp_path, "polished", 5, "--init-from", str(plain), "--decoder-only", *POLISH)
+    for component in ("vae/diffusion_pytorch_model", "transformer/diffusion_pytorch_model", "text_encoder_2/model"):
+        a, b = (load_file(run / f"{component}.safetensors") for run in (polished, from_scratch))
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), component
+    record = json.loads((polished / "training.json").read_text())
+    assert record["args"] == json.loads((plain / "training.json").read_text())["args"]
+    assert record["decoder_polish"]["args"]["vae_decoder_styles"] == "outline,striped"
+    stages = {json.loads(line)["stage"] for line in (polished / "train_log.jsonl").read_text().splitlines()}
+    assert stages == {"vae_decoder"}
+
+
+def test_the_decoder_learns_the_styles_from_their_drawings():
+    """The decoder's styled scenes are the same scenes as its plain ones, drawn in each style, each
+    with its own object mask (what the loss weighs)."""
+    import sys
+
+    sys.path.insert(0, str(MODEL_DIR.parents[2] / "scripts"))
+    import train_tiny_model as train
+    from tiny_shapes.styles import render_styled
+    from tiny_shapes.vae_training import object_pixel_mask
+
+    size = (96, 64)
+    rendered = sd.generate(5, seed=3, two_shape_prob=0.5, size=size, jitter=(0,))
+    images, scenes = np.stack([r[0] for r in rendered]), [r[2] for r in rendered]
+    [(out, masks)] = train.with_styles([(images, object_pixel_mask(images, scenes))], [(images, None, scenes)],
+                                       [size], ["outline", "striped"])
+    assert out.shape == (15, 64, 96, 3) and masks.shape == (15, 64, 96)
+    assert np.array_equal(out[:5], images)
+    assert np.array_equal(out[5 + 2], np.asarray(render_styled(scenes[2], "outline", size)))
+    assert np.array_equal(out[10 + 4], np.asarray(render_styled(scenes[4], "striped", size)))
+    assert (masks[5:10].sum((1, 2)) < masks[:5].sum((1, 2)) + 1).all() and masks[5:].any((1, 2)).all()
 
 
 def test_training_scenes_stand_exactly_at_their_positions():
