@@ -42,7 +42,7 @@ def main() -> None:
     rows = (len(examples) + COLUMNS - 1) // COLUMNS
     grid = Image.new("RGB", (COLUMNS * TILE, rows * (TILE + CAPTION)), "white")
     draw, font = ImageDraw.Draw(grid), ImageFont.load_default()
-    for index, (prompt, resolution) in enumerate(examples):
+    for index, (prompt, resolution, _) in enumerate(examples):  # (prompt, bucket, number of images)
         width, height = (int(v) for v in resolution.split("x"))
         image = pipeline(prompt=prompt, height=height, width=width, num_inference_steps=spec.default_steps,
                          generator=torch.Generator("cpu").manual_seed(args.seed),

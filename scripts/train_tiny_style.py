@@ -53,12 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "cost several times the work when other processes share the cores)")
     parser.add_argument("--buckets", default="64x64,96x64,64x96",
                         help="canvases trained on (sizes are pixels, so 128x128 shows the same shapes: judged, not trained)")
-    parser.add_argument("--images", type=int, default=800, help="training scenes per bucket")
-    parser.add_argument("--steps", type=int, default=700)
+    parser.add_argument("--images", type=int, default=1200, help="training scenes per bucket")
+    parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--batch", type=int, default=4, help="images per bucket per step")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--object-weight", type=float, default=4.0)
+    parser.add_argument("--caption-dropout", type=float, default=0.1,
+                        help="share of samples trained on the empty prompt (a styled scene as the target), as in the base "
+                             "training: true CFG's unconditional call runs through the adapter too, and one it never "
+                             "trained pulls the colours off (docs/tiny-shapes.md, 'Styles')")
     parser.add_argument("--evaluate", action="store_true", help="judge the adapter on held-out prompts after training")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="judge the adapter already in --output (no training); its record gets the figures")
@@ -128,6 +132,7 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
             noise = torch.randn(x0.shape, generator=gen)
             s = sigma.view(-1, 1, 1)
             rows = bucket["rows"][idx]
+            rows = torch.where(torch.rand(args.batch, generator=gen) < args.caption_dropout, 0, rows)  # row 0: ""
             pred = transformer(hidden_states=(1 - s) * x0 + s * noise, timestep=sigma, pooled_projections=pooled[rows],
                                encoder_hidden_states=embeds[rows], txt_ids=txt_ids, img_ids=bucket["img_ids"],
                                return_dict=False)[0]
@@ -145,15 +150,15 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:]))}
 
 
-def evaluate_style(pipe, style: str, seed: int = 0) -> dict:
-    """Judge ``pipe`` (adapter loaded) on the held-out prompts, every bucket: single-shape (110) and
-    two-shape (100) scenes, 12 steps, true CFG 3.0 as the app runs them. Per bucket and kind: the
-    share with the style applied, with every base attribute right, and with both."""
+def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANVASES, every: int = 1) -> dict:
+    """Judge ``pipe`` (adapter loaded) on the held-out prompts (``every``-th of them), on ``canvases``:
+    single-shape (110) and two-shape (100) scenes, 12 steps, true CFG 3.0 as the app runs them. Per
+    bucket and kind: the share with the style applied, with every base attribute right, and with both."""
     defaults = json.loads((BASE / "demo_defaults.json").read_text())
     figures = {}
-    for width, height in shapes_dataset.CANVASES:
-        for kind, scenes in (("single", shapes_dataset.held_out_prompts()),
-                             ("two", shapes_dataset.held_out_two_shape_prompts())):
+    for width, height in canvases:
+        for kind, scenes in (("single", shapes_dataset.held_out_prompts()[::every]),
+                             ("two", shapes_dataset.held_out_two_shape_prompts()[::every])):
             verdicts = []
             for i in range(0, len(scenes), 32):
                 chunk = scenes[i:i + 32]

@@ -119,7 +119,7 @@ def _built(cache_dir: Path) -> None:
 def tp_server(cache_dir, tmp_path_factory):
     _built(cache_dir)
     server = TensorParallelServer(cache_dir, tmp_path_factory.mktemp("tp") / "serve.log",
-                                  "--models", "tiny-flux2,tiny-flux", "--preview-seconds", "0")
+                                  "--models", "tiny-flux2,tiny-flux,tiny-shapes", "--preview-seconds", "0")
     try:
         server.wait_until_serving()
         yield server
@@ -169,6 +169,19 @@ def test_previews_stream_from_rank_zero_without_changing_the_image(tp_server, ma
     (final,), _ = job.outputs()[-1]
     tp = np.asarray(Image.open(final["image"]), dtype=np.int16)
     assert np.abs(tp - _single_process_pixels(make_engine, **{**fields, "previews": False})).max() <= 1
+
+
+def test_a_style_is_refused_under_tensor_parallel_and_the_server_keeps_serving(tp_server):
+    """tiny-shapes offers styles, but not sharded (docs/models.md): the API names the placement and
+    the way out, and the next request is served."""
+    from gradio_client.exceptions import AppError
+
+    client = Client(tp_server.url, verbose=False)
+    styled = request_fields(model="tiny-shapes", prompt="a large red circle in the center on a white background",
+                            guidance_scale=3.0, style="outline", style_scale=1.0)
+    with pytest.raises(AppError, match="not available for tiny-shapes under the tensor-parallel placement"):
+        client.predict(**styled, api_name="/generate")
+    assert _tp_pixels(client, **{**styled, "style": "None"}).std() > 5
 
 
 def test_consecutive_requests_with_different_buckets(tp_server):
