@@ -291,16 +291,18 @@ def with_styles(sets: list[tuple[np.ndarray, np.ndarray]], data: list, sizes: li
     return out
 
 
+def args_record(args: argparse.Namespace) -> dict:
+    """The run's arguments as JSON-ready values (paths as strings), for ``training.json``."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
 def save_decoder_polish(pipe, args, timings: dict) -> None:
     """--decoder-only: the pipeline (only its decoder changed) and its record: the loaded pipeline's
     ``training.json`` with this run's arguments under ``decoder_polish``."""
-    if not args.init_from:
-        raise SystemExit("--decoder-only polishes the decoder of an --init-from pipeline")
     save_pipeline(pipe, args.output)
     source = args.init_from / "training.json"
     record = json.loads(source.read_text()) if source.is_file() else {}
-    record["decoder_polish"] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                "timings": timings, "torch": torch.__version__}
+    record["decoder_polish"] = {"args": args_record(args), "timings": timings, "torch": torch.__version__}
     (args.output / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -403,6 +405,8 @@ def train_transformer(pipe, buckets: list[dict], clip_ids, t5_ids, txt_ids, labe
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.decoder_only and not args.init_from:  # refused before any training, not after
+        raise SystemExit("--decoder-only polishes the decoder of an --init-from pipeline")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     # One generator per stage, so --load-vae continues exactly like a full run would.
@@ -521,7 +525,7 @@ def main(argv=None):
 
     save_pipeline(pipe, args.output)
     timings["total_s"] = time.perf_counter() - t0
-    info = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "timings": timings,
+    info = {"args": args_record(args), "timings": timings,
             "torch": torch.__version__, "shift_factor": shift, "scaling_factor": scale}
     (args.output / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     log(stage="done", **timings)

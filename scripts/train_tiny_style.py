@@ -150,16 +150,18 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:]))}
 
 
-def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANVASES, every: int = 1) -> dict:
-    """Judge ``pipe`` (adapter loaded) on the held-out prompts (``every``-th of them), on ``canvases``:
-    single-shape (110) and two-shape (100) scenes, 12 steps, true CFG 3.0 as the app runs them. Per
-    bucket and kind: the share with the style applied, with every base attribute right, and with both."""
+def evaluate_styles(pipe, styles: tuple[str, ...], seed: int = 0, canvases=shapes_dataset.CANVASES,
+                    every: int = 1) -> dict[str, dict]:
+    """Judge ``pipe`` as it is (an adapter loaded or none) on the held-out prompts (``every``-th of
+    them), on ``canvases``: single-shape (110) and two-shape (100) scenes, 12 steps, true CFG 3.0 as
+    the app runs them, each image drawn once and read as each of ``styles``. Per style, bucket and
+    kind: the share with the style applied, with every base attribute right, and with both."""
     defaults = json.loads((BASE / "demo_defaults.json").read_text())
-    figures = {}
+    figures: dict[str, dict] = {style: {} for style in styles}
     for width, height in canvases:
         for kind, scenes in (("single", shapes_dataset.held_out_prompts()[::every]),
                              ("two", shapes_dataset.held_out_two_shape_prompts()[::every])):
-            verdicts = []
+            verdicts: dict[str, list] = {style: [] for style in styles}
             for i in range(0, len(scenes), 32):
                 chunk = scenes[i:i + 32]
                 generators = [torch.Generator("cpu").manual_seed(seed + i + j) for j in range(len(chunk))]
@@ -169,13 +171,20 @@ def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANV
                                   num_inference_steps=defaults.get("num_inference_steps", 12),
                                   true_cfg_scale=defaults.get("true_cfg_scale", 3.0),
                                   max_sequence_length=pipe.tokenizer_2.model_max_length).images
-                verdicts += [judge_styled(scene, image, style) for scene, image in zip(chunk, images)]
-            figures[f"{width}x{height} {kind}"] = {
-                "n": len(verdicts), "style": float(np.mean([v["style"] for v in verdicts])),
-                "base_all": float(np.mean([v["all"] for v in verdicts])),
-                "both": float(np.mean([v["style"] and v["all"] for v in verdicts]))}
-            print(json.dumps({style: {f"{width}x{height} {kind}": figures[f"{width}x{height} {kind}"]}}), flush=True)
+                for style in styles:
+                    verdicts[style] += [judge_styled(scene, image, style) for scene, image in zip(chunk, images)]
+            for style, read in verdicts.items():
+                figures[style][f"{width}x{height} {kind}"] = figure = {
+                    "n": len(read), "style": float(np.mean([v["style"] for v in read])),
+                    "base_all": float(np.mean([v["all"] for v in read])),
+                    "both": float(np.mean([v["style"] and v["all"] for v in read]))}
+                print(json.dumps({style: {f"{width}x{height} {kind}": figure}}), flush=True)
     return figures
+
+
+def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANVASES, every: int = 1) -> dict:
+    """:func:`evaluate_styles` for the one ``style`` whose adapter ``pipe`` has loaded."""
+    return evaluate_styles(pipe, (style,), seed, canvases, every)[style]
 
 
 def main(argv=None) -> None:
