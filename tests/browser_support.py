@@ -44,12 +44,22 @@ def guard_network(context: Any) -> list[str]:
     return blocked
 
 
-def wait_for_gallery_images(page: Any, count: int, timeout_ms: float = 60_000) -> list[dict]:
-    """Wait until ``count`` gallery images exist and are decoded; returns their natural sizes."""
+def gallery_sources(page: Any) -> list[str]:
+    """The gallery images' URLs now: pass them as ``replacing`` to wait for the next run's images."""
+    return page.eval_on_selector_all(GALLERY_IMAGES, "images => images.map(img => img.src)")
+
+
+def wait_for_gallery_images(page: Any, count: int, timeout_ms: float = 60_000,
+                            replacing: list[str] | None = None) -> list[dict]:
+    """Wait until ``count`` gallery images exist and are decoded; returns their natural sizes.
+
+    With ``replacing`` (an earlier run's ``gallery_sources``), only images not among them count: a second
+    run's images stream in one by one, so without it the first run's images would satisfy the wait.
+    """
     page.wait_for_function(
-        """([selector, count]) => {
-             const images = [...document.querySelectorAll(selector)];
+        """([selector, count, replacing]) => {
+             const images = [...document.querySelectorAll(selector)].filter(img => !replacing.includes(img.src));
              return images.length >= count && images.every(img => img.complete && img.naturalWidth > 0);
-           }""", arg=[GALLERY_IMAGES, count], timeout=timeout_ms)
+           }""", arg=[GALLERY_IMAGES, count, replacing or []], timeout=timeout_ms)
     return page.eval_on_selector_all(
         GALLERY_IMAGES, "images => images.map(img => ({width: img.naturalWidth, height: img.naturalHeight}))")

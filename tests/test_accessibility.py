@@ -17,7 +17,7 @@ from pathlib import Path
 import axe_playwright_python
 import pytest
 
-from browser_support import CHROMIUM, GALLERY_IMAGES, wait_for_gallery_images
+from browser_support import CHROMIUM, GALLERY_IMAGES, gallery_sources, wait_for_gallery_images
 from test_browser import app_url, browser, open_page  # noqa: F401 - fixtures shared with test_browser
 from test_browser_compare import CHART_BARS, COMPARE_IMAGES, compare
 
@@ -66,13 +66,12 @@ def test_the_audit_sees_a_violation_when_there_is_one(open_page):
 
 def generate(page, prompt: str, images: int) -> list[str]:
     """Generate and wait for this run's images (new files, decoded); returns their captions."""
-    before = page.eval_on_selector_all(GALLERY_IMAGES, "images => images.map(i => i.src)")
+    earlier = gallery_sources(page)
     page.fill("#prompt textarea", prompt)
     page.click("#generate")
-    page.wait_for_function("""([selector, count, before]) => {
-        const images = [...document.querySelectorAll(selector)];
-        return images.length === count && images.every(i => i.complete && i.naturalWidth > 0 && !before.includes(i.src));
-      }""", arg=[GALLERY_IMAGES, images, before], timeout=120_000)
+    wait_for_gallery_images(page, images, timeout_ms=120_000, replacing=earlier)
+    page.wait_for_function("([selector, count]) => document.querySelectorAll(selector).length === count",
+                           arg=[GALLERY_IMAGES, images])
     return page.eval_on_selector_all("#gallery .caption-label", "labels => labels.map(l => l.innerText)")
 
 

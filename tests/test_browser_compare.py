@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from browser_support import CHROMIUM, guard_network, start_app, stop_app, wait_for_gallery_images
+from browser_support import CHROMIUM, gallery_sources, guard_network, start_app, stop_app, wait_for_gallery_images
 from test_browser import CONTRASTS, app_url, browser, open_page  # noqa: F401 - fixtures shared with test_browser
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
@@ -111,8 +111,9 @@ def test_history_is_freed_when_the_tab_closes(browser, cache_dir):
         page.goto(url)
         for prompt in ("a red circle on a white background", "a small blue square at the top left"):
             page.fill("#prompt textarea", prompt)
+            earlier = gallery_sources(page)
             page.click("#generate")
-            wait_for_gallery_images(page, 2)  # (the second run: its success fills the history below)
+            wait_for_gallery_images(page, 2, replacing=earlier)  # (the second run: its success fills the history below)
         # the history shows the first run (earlier runs only) and keeps both runs' files
         page.wait_for_function("document.querySelectorAll('#history .grid-container img').length === 2")
         assert app.history.sessions() == 1

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from browser_support import (CHROMIUM, GALLERY_IMAGES, guard_network, launch_chromium, start_app, stop_app,
-                             wait_for_gallery_images)
+from browser_support import (CHROMIUM, GALLERY_IMAGES, gallery_sources, guard_network, launch_chromium, start_app,
+                             stop_app, wait_for_gallery_images)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason=f"{CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)")
@@ -27,7 +27,7 @@ def total_compiles(page) -> int:
 
 
 def gallery_pixels(page, index: int) -> np.ndarray:
-    src = page.eval_on_selector_all(GALLERY_IMAGES, "images => images.map(img => img.src)")[index]
+    src = gallery_sources(page)[index]
     with Image.open(io.BytesIO(page.request.get(src).body())) as image:
         return np.asarray(image.convert("RGB"))
 
@@ -61,8 +61,9 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
                                 ("Striped (bands of background across each shape)", "striped")):
                 page.click("#style input")
                 page.get_by_role("option", name=title).click()
+                earlier = gallery_sources(page)
                 page.click("#generate")
-                wait_for_gallery_images(page, 2)  # the page's default: two images
+                wait_for_gallery_images(page, 2, replacing=earlier)  # the page's default: two images
                 page.wait_for_function(f"document.querySelector('#gallery').innerText.includes('style {name} 1')",
                                        timeout=30_000)
                 assert "compiled first" not in page.inner_text("#gallery")
