@@ -342,3 +342,42 @@ def test_the_style_judge_reads_drawn_styles_and_not_plain_scenes():
                 assert not judge_styled(scene, dataset.render(scene, size=size), style)["style"]
             other = STYLES[1 - STYLES.index(style)]
             assert not judge_styled(scenes[0], render_styled(scenes[0], other, size), style)["style"]
+
+
+def test_the_striped_fit_names_each_shape_and_no_other_figure():
+    """The striped judge's template match: each shape's exact striped drawing is matched to that shape
+    alone (two shapes' drawings in one box never both reach the threshold) and still read right
+    blurred by half a pixel, and a striped hexagon or ellipse matches no shape, so the judge reads no
+    dataset shape in it."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    from tiny_shapes.dataset import Scene, ShapeSpec
+    from tiny_shapes.styles import STRIPED_MIN_IOU, judge_styled, render_styled, shape_mask, striped_fit, styled_mask
+
+    shapes = ("circle", "square", "triangle")
+    for side in (14, 26):
+        box = (20, 18, 20 + side - 1, 18 + side - 1)
+        drawn = {s: styled_mask("striped", shape_mask(s, box, (64, 64)), box[1], side) for s in shapes}
+        for shape in shapes:
+            iou, mask = striped_fit(drawn[shape])
+            assert iou == 1.0 and np.array_equal(mask, shape_mask(shape, box, (64, 64))), (side, shape)
+            for other in shapes:
+                if other != shape:
+                    overlap = (drawn[shape] & drawn[other]).sum() / (drawn[shape] | drawn[other]).sum()
+                    assert overlap < STRIPED_MIN_IOU, (side, shape, other, overlap)
+            scene = Scene("white", (ShapeSpec("red", shape, "center", "small" if side == 14 else "large"),))
+            blurred = render_styled(scene, "striped").filter(ImageFilter.GaussianBlur(0.5))
+            assert judge_styled(scene, blurred, "striped")["all"], (side, shape)
+    for name, figure in (("hexagon", lambda d: d.regular_polygon((32, 32, 13), 6, fill=1)),
+                         ("ellipse", lambda d: d.ellipse((19, 25, 45, 39), fill=1))):
+        plain = Image.new("1", (64, 64), 0)
+        figure(ImageDraw.Draw(plain))
+        mask = np.asarray(plain, dtype=bool)
+        ys = np.nonzero(mask.any(1))[0]
+        striped = styled_mask("striped", mask, int(ys[0]), 26)
+        assert striped_fit(striped)[0] < STRIPED_MIN_IOU, name
+        pixels = np.full((64, 64, 3), 255, dtype=np.uint8)
+        pixels[striped] = (220, 30, 30)
+        for shape in shapes:
+            scene = Scene("white", (ShapeSpec("red", shape, "center", "large"),))
+            assert not judge_styled(scene, Image.fromarray(pixels), "striped")["shape"], (name, shape)

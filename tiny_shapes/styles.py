@@ -18,7 +18,8 @@ the border) is mostly background; ``striped``: some inner row of each object is 
 while rows above and below it are drawn. *Base attributes*: the image is restored to a plain
 scene (each object's silhouette, the convex hull of its pixels, painted in its colour: circles,
 squares and triangles are convex, and a ring's breaks or a band's blurred ends do not move the
-hull) and read by the strict judge of the base model (:func:`tiny_shapes.judge.judge_image`).
+hull; for ``striped``, the shape whose exact striped drawing the pixels match, when one does) and
+read by the strict judge of the base model (:func:`tiny_shapes.judge.judge_image`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ BAND = {14: 5, 26: 4}
 MAX_STRIPE_GAP = 6
 #: the judge's closing (pixels) of a drawing's silhouette: the VAE's blur breaks thin lines
 CLOSING = 2
+#: striped: a drawing this close (IoU) to one shape's exact striped drawing is that shape. Above the
+#: 0.77 at which two shapes' striped drawings in one box overlap (a circle in a square), so one match
+#: never names two shapes (tested)
+STRIPED_MIN_IOU = 0.85
 
 
 def shape_mask(shape: str, box: tuple[int, int, int, int], size: tuple[int, int]) -> np.ndarray:
@@ -162,9 +167,36 @@ def convex_hull(mask: np.ndarray) -> np.ndarray:
     return np.asarray(image, dtype=bool)
 
 
+def striped_fit(drawn: np.ndarray) -> tuple[float, np.ndarray]:
+    """The plain shape whose ``striped`` drawing best matches ``drawn``, and that match's IoU.
+
+    A striped shape keeps its first and last rows, so the drawing's height is the shape's side; the
+    box is centred on the drawing. Each of the three shapes is drawn striped in that box as
+    :func:`render_styled` draws it and compared with the pixels.
+    """
+    ys, xs = np.nonzero(drawn)
+    top, bottom = int(ys.min()), int(ys.max())
+    side = bottom - top + 1
+    left = int(round((xs.min() + xs.max()) / 2 - (side - 1) / 2))
+    best_iou, best = 0.0, drawn
+    for shape in ("circle", "square", "triangle"):
+        mask = shape_mask(shape, (left, top, left + side - 1, bottom), (drawn.shape[1], drawn.shape[0]))
+        striped = styled_mask("striped", mask, top, 14 if side <= 20 else 26)
+        iou = float((striped & drawn).sum() / max(1, (striped | drawn).sum()))
+        if iou > best_iou:
+            best_iou, best = iou, mask
+    return best_iou, best
+
+
 def silhouette(drawn: np.ndarray, style: str) -> np.ndarray:
     """The plain shape a ``style`` drawing of one object covers: its convex hull (circles, squares and
-    triangles are convex; a ring's breaks and a band's blurred ends do not change it)."""
+    triangles are convex; a ring's breaks and a band's blurred ends do not change it); for ``striped``,
+    the shape whose striped drawing matches the pixels at :data:`STRIPED_MIN_IOU` when one does (the
+    hull of a small circle's two caps has flat sides, and the base judge reads it as no shape)."""
+    if style == "striped" and drawn.any():
+        iou, shape = striped_fit(drawn)
+        if iou >= STRIPED_MIN_IOU:
+            return shape
     return convex_hull(drawn)
 
 
