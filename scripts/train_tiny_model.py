@@ -47,6 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import captions as shapes_captions, dataset as shapes_dataset  # noqa: E402
+from tiny_shapes.coupling import FREE, coupled_noise, left_out_code, region_masks  # noqa: E402
 from tiny_shapes.model import WORDINGS, build_shapes_pipeline, extend_vocabulary  # noqa: E402
 from tiny_shapes.styles import render_styled  # noqa: E402
 from tiny_shapes.vae_training import encode_images, lr_at, object_pixel_mask, train_decoder, train_vae  # noqa: E402
@@ -83,6 +84,9 @@ def parse_args(argv=None):
                         "(docs/tiny-shapes.md, 'Ninth attempt': measured, not shipped)")
     p.add_argument("--full-share", type=float, default=0.4,
                    help="varied captions: share that names every attribute (the rest leave some out)")
+    p.add_argument("--couple-left-out", action="store_true",
+                   help="varied captions: draw each sample's noise so that it names the scene's left-out attributes "
+                        "(tiny_shapes.coupling), so the seed chooses them instead of the model drawing their average")
     p.add_argument("--stray-word", type=float, default=0.08,
                    help="varied captions: share with one made-up word the vocabulary does not know")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
@@ -323,7 +327,11 @@ def bucket_batch(bucket: dict, args, sigmas_table: torch.Tensor, gen: torch.Gene
     rows = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, bucket["rows"][idx])
     sigma = sample_sigmas(args.timestep_sampling, sigmas_table, batch, gen)
     x0 = bucket["packed"][idx]
-    noise = torch.randn(x0.shape, generator=gen)
+    if "codes" in bucket:  # --couple-left-out: the noise names the left-out attributes (not for the empty caption)
+        codes = bucket["codes"][idx].masked_fill((rows == 0)[:, None], FREE)
+        noise = coupled_noise(codes, tuple(x0.shape[1:]), bucket["regions"], gen)
+    else:
+        noise = torch.randn(x0.shape, generator=gen)
     return dict(x0=x0, rows=rows, sigma=sigma, noise=noise, token_weights=bucket["token_weights"][idx],
                 img_ids=bucket["img_ids"])
 
@@ -436,6 +444,7 @@ def main(argv=None):
     jitter = tuple(int(v) for v in args.jitter.split(","))
     data = []  # per bucket: (uint8 images, captions, scenes); bucket i renders from seed + 1000 i
     prompts = {}  # caption -> tiny_shapes.captions.Prompt (what it names, where each object's phrase is)
+    codes = []  # --couple-left-out: per bucket, what each image's noise must name (tiny_shapes.coupling)
     for i, (size, count) in enumerate(zip(sizes, counts)):
         if args.captions == "grammar":
             rendered = [(image, shapes_captions.describe_grammar(scene)) for image, _, scene in shapes_dataset.generate(
@@ -446,6 +455,9 @@ def main(argv=None):
                                                 stray_word=args.stray_word)
         prompts.update((prompt.text, prompt) for _, prompt in rendered)
         data.append((np.stack([d[0] for d in rendered]), [d[1].text for d in rendered], [d[1].scene for d in rendered]))
+        if args.couple_left_out:
+            codes.append(torch.from_numpy(np.stack([left_out_code(p.scene, p.named, p.background_named)
+                                                    for _, p in rendered])))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -504,6 +516,8 @@ def main(argv=None):
             token_weights=object_token_weights(images, scenes, token_pixels, args.object_weight),
             img_ids=pipe._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32),
             rows=rows[offset:offset + b], batch=batch, weight=share))
+        if codes:
+            buckets[-1].update(codes=codes[len(buckets) - 1], regions=region_masks(h // 2, w // 2))
         offset += b
     del data, latents
     txt_ids = torch.zeros(pipe.tokenizer_2.model_max_length, 3)
