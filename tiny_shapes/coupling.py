@@ -102,7 +102,7 @@ def coupled_noise(codes: torch.Tensor, shape: tuple[int, int], regions: torch.Te
     """Standard normal noise ``(len(codes), *shape)``, each row conditioned on naming its code."""
     out = torch.empty(len(codes), *shape)
     for row, code in enumerate(codes):
-        if (code[:5] <= FREE).all() and not (code[2:5] >= 0).any():  # nothing left out: plain noise
+        if (code[:5] < 0).all():  # nothing left out (FREE, or a named position): plain noise
             out[row] = torch.randn(*shape, generator=generator)
             continue
         while True:

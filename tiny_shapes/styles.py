@@ -29,7 +29,7 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tiny_shapes.dataset import IMAGE_SIZE, OBJECT_COLOURS, PALETTE, Scene, layout, sample_scene
+from tiny_shapes.dataset import IMAGE_SIZE, OBJECT_COLOURS, PALETTE, SIDE, Scene, layout, sample_scene
 from tiny_shapes.judge import _OBJECT_RGB, _dilate, _nearest, _pixels_and_background, blobs, judge_image
 
 STYLES = ("outline", "striped")
@@ -167,6 +167,12 @@ def convex_hull(mask: np.ndarray) -> np.ndarray:
     return np.asarray(image, dtype=bool)
 
 
+def drawn_side(measured: int) -> int:
+    """The side a style drew (14 small, 26 large) for a measured one, split where the base judge splits
+    sizes (> 20 px is large)."""
+    return SIDE["small"] if measured <= 20 else SIDE["large"]
+
+
 def striped_fit(drawn: np.ndarray) -> tuple[float, np.ndarray]:
     """The plain shape whose ``striped`` drawing best matches ``drawn``, and that match's IoU.
 
@@ -181,7 +187,7 @@ def striped_fit(drawn: np.ndarray) -> tuple[float, np.ndarray]:
     best_iou, best = 0.0, drawn
     for shape in ("circle", "square", "triangle"):
         mask = shape_mask(shape, (left, top, left + side - 1, bottom), (drawn.shape[1], drawn.shape[0]))
-        striped = styled_mask("striped", mask, top, 14 if side <= 20 else 26)
+        striped = styled_mask("striped", mask, top, drawn_side(side))
         iou = float((striped & drawn).sum() / max(1, (striped | drawn).sum()))
         if iou > best_iou:
             best_iou, best = iou, mask
@@ -221,7 +227,7 @@ def style_applied(style: str, found: list[tuple[np.ndarray, np.ndarray]]) -> boo
     for drawn, filled in objects:
         if style == "outline":
             side = max(np.ptp(np.nonzero(filled)[0]), np.ptp(np.nonzero(filled)[1])) + 1
-            inside = _erode(filled, BORDER[14] if side <= 20 else BORDER[26])
+            inside = _erode(filled, BORDER[drawn_side(side)])
             if inside.sum() < 4 or drawn[inside].mean() > 0.5:
                 return False
         else:
