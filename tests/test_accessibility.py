@@ -131,7 +131,7 @@ def test_axe_finds_no_serious_wcag_violation(open_page, size, color_scheme):
     found["after Compare modes and a second generation"] = audit(page)
     page.click("#advanced button.label-wrap")
     page.click("#about button.label-wrap")
-    page.wait_for_function("document.querySelector('#about-facts').innerText.includes('Compile cache')")
+    page.wait_for_function("document.querySelector('#about-facts')?.innerText.includes('Compile cache')")
     page.click("#speed-figures summary")
     page.wait_for_selector("#speed-figures table", state="visible")
     found["with Advanced, About and the chart's figures open"] = audit(page)

@@ -48,7 +48,7 @@ def test_compare_shows_three_images_speedups_and_the_chart(open_page):
     assert not page.locator("#history").is_visible()
     # About this server: versions, backend, cache state and models, no file paths
     page.click("#about button.label-wrap")
-    page.wait_for_function("document.querySelector('#about-facts').innerText.includes('Compile cache')")
+    page.wait_for_function("document.querySelector('#about-facts')?.innerText.includes('Compile cache')")
     about = page.inner_text("#about-facts")
     for fact in ("Device:", "torch ", "torch-tpu ", "diffusers ", "transformers ", "gradio ", "aot_eager",
                  "inductor:", "Tiny FLUX"):

@@ -54,7 +54,7 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
             page.click("#advanced button.label-wrap")
             # the "Try a style" example sets the prompt and the style together
             page.locator("#style-examples").get_by_text("outline \u00b7 a large blue circle").click()
-            page.wait_for_function("document.querySelector('#style input').value.startsWith('Outline')")
+            page.wait_for_function("document.querySelector('#style input')?.value.startsWith('Outline')")
             assert page.input_value("#prompt textarea") == PROMPT
             page.uncheck("text=Randomize seed")
             for title, name in (("Outline (only the border of each shape)", "outline"),
