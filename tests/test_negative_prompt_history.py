@@ -97,3 +97,32 @@ def test_history_view_shows_earlier_runs_only(tmp_path):
     assert [caption for _, caption in view] == ["compare 1", "run 1"]  # newest first
     assert len(history.add([], visitor)) == 4  # every copy is kept
     history.close()
+
+
+def test_a_session_counted_as_gone_has_no_folder_left(tmp_path, monkeypatch):
+    """Closing a tab frees the folder before the session stops being counted (CI once saw the count first)."""
+    import shutil
+    import threading
+    import time
+
+    import tpu_demo.web.history as history_module
+
+    real_rmtree = shutil.rmtree
+
+    def slow_rmtree(path, *args, **kwargs):  # a slow disk: the removal takes a visible while
+        time.sleep(0.5)
+        real_rmtree(path, *args, **kwargs)
+
+    history = SessionHistory()
+    visitor = SimpleNamespace(session_hash="visitor")
+    folder = Path(history.add([(_png(tmp_path, "a"), "seed 1")], visitor)[0][0]).parent
+    monkeypatch.setattr(history_module.shutil, "rmtree", slow_rmtree)
+    closing = threading.Thread(target=history.drop, args=(visitor,))
+    closing.start()
+    deadline = time.monotonic() + 5
+    while history.sessions() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert history.sessions() == 0 and not folder.exists()
+    closing.join(5)
+    monkeypatch.undo()
+    history.close()

@@ -90,10 +90,10 @@ class SessionHistory:
     def drop(self, request: gr.Request = None) -> None:
         """The session ended: free its files."""
         key = getattr(request, "session_hash", None) or "anonymous"
-        with self._lock:
+        with self._lock:  # the files go before the lock is released: no one sees a dropped session's folder
             session = self._sessions.pop(key, None)
-        if session is not None:
-            shutil.rmtree(session.directory, ignore_errors=True)
+            if session is not None:
+                shutil.rmtree(session.directory, ignore_errors=True)
 
     def close(self) -> None:
         with self._lock:
