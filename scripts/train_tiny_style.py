@@ -48,13 +48,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=BASE / "styles")
     parser.add_argument("--base", type=Path, default=BASE)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1: the tiny matrices gain nothing from a second thread, whose spin-waits "
-                             "cost several times the work when other processes share the cores)")
-    parser.add_argument("--buckets", default="64x64,96x64,64x96",
-                        help="canvases trained on (sizes are pixels, so 128x128 shows the same shapes: judged, not trained)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads (the same bytes with 1 or 2; 2 for the command alone on 2 cores, 1 when other "
+                             "processes share them: a second thread's spin-waits then cost several times the work)")
+    parser.add_argument("--buckets", default="64x64,96x64,64x96,128x128",
+                        help="canvases trained on (sizes are pixels: 128x128 shows the same shapes, spaced wider)")
     parser.add_argument("--images", type=int, default=1200, help="training scenes per bucket")
-    parser.add_argument("--steps", type=int, default=1600)
+    parser.add_argument("--two-shape-share", type=float, default=0.6,
+                        help="share of training scenes with two shapes (the harder half: a small shape beside another)")
+    parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch", type=int, default=4, help="images per bucket per step")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -78,10 +80,11 @@ def load_base(path: Path):
 
 
 def prepare_buckets(pipe, style: str, images: int, seed: int, canvases: list[tuple[int, int]],
-                    object_weight: float = 4.0) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+                    object_weight: float = 4.0, two_shape_share: float = 0.6
+                    ) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
     """Per canvas: packed normalised latents, caption rows, object token weights, image ids; and the
     T5 embeddings and pooled CLIP vectors of every unique caption (row 0: the empty caption)."""
-    data = [generate_styled(images, style, seed + k, size) for k, size in enumerate(canvases)]
+    data = [generate_styled(images, style, seed + k, size, two_shape_share) for k, size in enumerate(canvases)]
     unique = [""] + sorted({caption for bucket in data for _, caption, _ in bucket})
     index = {caption: i for i, caption in enumerate(unique)}
     with torch.no_grad():
@@ -201,7 +204,8 @@ def main(argv=None) -> None:
         record_path.write_text(json.dumps(record, indent=1) + "\n")
         return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
-    buckets, embeds, pooled = prepare_buckets(pipe, args.style, args.images, args.seed, canvases, args.object_weight)
+    buckets, embeds, pooled = prepare_buckets(pipe, args.style, args.images, args.seed, canvases, args.object_weight,
+                                              args.two_shape_share)
     prepared = time.perf_counter()
     trained = train(pipe, buckets, embeds, pooled, args)
     args.output.mkdir(parents=True, exist_ok=True)
