@@ -108,6 +108,18 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     assert bad.isError and text_of(bad).startswith("resolution: ") and "choose one of" in text_of(bad)
     bad = call(url, "generate_images", dict(FAST, prompt="a red circle", num_images=99))
     assert bad.isError and text_of(bad).startswith("num_images: must be from 1 to 4")
+    # a value of the wrong type names its argument too (the MCP server's own schema check would not)
+    for arguments, message in ((dict(num_images="many"), 'num_images: must be a whole number, got "many"'),
+                               (dict(seed=[1]), "seed: must be a whole number, got [1]"),
+                               (dict(num_inference_steps=2.5),
+                                "num_inference_steps: must be a whole number (or left out), got 2.5"),
+                               (dict(guidance_scale="high"), 'guidance_scale: must be a number (or left out), got "high"'),
+                               (dict(prompt=5), "prompt: must be text, got 5")):
+        bad = call(url, "generate_images", dict(FAST, **dict(dict(prompt="a red circle"), **arguments)))
+        assert bad.isError and text_of(bad) == message, text_of(bad)
+    bad = call(url, "compare_execution_modes", dict(seed=1))
+    assert bad.isError and text_of(bad) == "prompt: required", text_of(bad)
+    assert not call(url, "list_models", {}).isError  # and the server keeps serving
 
 
 def test_a_styled_generate_names_its_style_in_the_png_and_a_bad_style_names_the_field(launch_app):
@@ -244,3 +256,23 @@ def test_an_mcp_run_is_not_stopped_by_a_stranger_but_by_its_client_going_away(la
         wait_until(lambda: any(line.get("outcome") == "stopped" for line in request_log()), 60)
     stopped = [line for line in request_log() if line.get("outcome") == "stopped"]
     assert stopped[-1]["images_done"] < 4 and len(steps) - before < 32
+
+
+def test_argument_problem_names_the_argument_a_schema_refuses():
+    """The guard's check on its own, on a schema of the shapes Gradio writes (``int | None`` as oneOf)."""
+    from tpu_demo.web.mcp_guard import argument_problem
+
+    schema = {"type": "object", "required": ["prompt"],
+              "properties": {"prompt": {"type": "string"}, "seed": {"type": "integer"},
+                             "style_scale": {"oneOf": [{"type": "null"}, {"type": "number"}]},
+                             "flag": {"type": "boolean"}}}
+    assert argument_problem(schema, {"prompt": "a red circle", "seed": 3, "style_scale": None}) is None
+    assert argument_problem(schema, {"prompt": "a", "style_scale": 0.5, "seed": 2.0}) is None  # 2.0 is whole
+    assert argument_problem(schema, {"seed": 1}) == "prompt: required"
+    assert argument_problem(schema, {"prompt": "a", "style_scale": "big"}) == \
+        'style_scale: must be a number (or left out), got "big"'
+    assert argument_problem(schema, {"prompt": "a", "flag": "yes"}) == 'flag: must be true or false, got "yes"'
+    assert argument_problem(schema, {"prompt": "a", "seed": True}) == "seed: must be a whole number, got true"
+    assert argument_problem(schema, ["a"]) == "arguments: must be an object of named arguments"
+    # the first refused argument in name order, whatever order they came in
+    assert argument_problem(schema, {"seed": "x", "prompt": 1}).startswith("prompt: must be text")

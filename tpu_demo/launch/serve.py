@@ -153,7 +153,7 @@ def hardening_app_kwargs(app: App) -> dict:
                                 app.ui.supervisor.active,
                                 app.readiness),
         "middleware": [Middleware(McpGuard, gate=gate, tools=TOOLS, guarded_tools=DEVICE_TOOLS,
-                                  on_gone=app.ui.stop_caller),
+                                  on_gone=app.ui.stop_caller, input_schema=lambda tool: mcp_input_schema(app, tool)),
                        Middleware(OwnerCookie),
                        Middleware(AdmissionMiddleware, gate=gate, api_names=GUARDED_APIS,
                                   fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
@@ -161,6 +161,12 @@ def hardening_app_kwargs(app: App) -> dict:
                                       app.demo, fn_index, api_name)),
                        Middleware(CancelRelay, on_cancel=app.ui.supervisor.cancel)],
     }
+
+
+def mcp_input_schema(app: App, tool: str) -> dict | None:
+    """The ``inputSchema`` Gradio's MCP server lists for ``tool`` (None without the MCP server)."""
+    server = getattr(app.demo, "mcp_server_obj", None)
+    return server.get_input_schema(tool)[0] if server is not None else None
 
 
 def guarded_events(app: App) -> list[gradio_queue.QueuedEvent]:

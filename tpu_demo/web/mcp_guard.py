@@ -102,8 +102,8 @@ def _token(scope: Scope) -> str | None:
     return next((value.decode("latin-1") for key, value in scope.get("headers", []) if key.lower() == _HEADER), None)
 
 
-def _tool_call(body: bytes) -> tuple[Any, str] | None:
-    """(JSON-RPC id, tool name) of a ``tools/call`` message, else None."""
+def _tool_call(body: bytes) -> tuple[Any, str, Any] | None:
+    """(JSON-RPC id, tool name, arguments) of a ``tools/call`` message, else None."""
     try:
         message = json.loads(body)
     except ValueError:
@@ -112,7 +112,41 @@ def _tool_call(body: bytes) -> tuple[Any, str] | None:
         return None
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
-    return (message.get("id"), name) if isinstance(name, str) else None
+    return (message.get("id"), name, params.get("arguments") or {}) if isinstance(name, str) else None
+
+
+#: JSON Schema types in the words of the tools' own checks ("num_images: must be ...")
+_TYPE_WORDS = {"integer": "a whole number", "number": "a number", "string": "text", "boolean": "true or false",
+               "object": "an object", "array": "a list"}
+
+
+def argument_problem(schema: dict[str, Any], arguments: Any) -> str | None:
+    """The first argument ``schema`` (the tool's ``inputSchema``) refuses, named as the tools name a bad
+    value (``num_images: must be a whole number, got "many"``); None when the arguments fit.
+
+    The MCP server validates the same schema before a tool runs, but its message names no argument
+    ("Input validation error: 'many' is not of type 'integer'").
+    """
+    import jsonschema
+
+    if not isinstance(arguments, dict):
+        return "arguments: must be an object of named arguments"
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = min(validator.iter_errors(arguments), key=lambda e: [str(part) for part in e.path], default=None)
+    if error is None:
+        return None
+    if error.validator == "required":
+        missing = next((name for name in error.validator_value if name not in arguments), "arguments")
+        return f"{missing}: required"
+    name = str(error.path[0]) if error.path else "arguments"
+    spec = schema.get("properties", {}).get(name, {})
+    options = spec.get("anyOf") or spec.get("oneOf") or [spec]  # Gradio writes ``int | None`` as oneOf
+    types = [option.get("type") for option in options]
+    words = [_TYPE_WORDS[kind] for kind in types if kind in _TYPE_WORDS]
+    if not words:
+        return f"{name}: {error.message}"
+    optional = " (or left out)" if "null" in types else ""
+    return f"{name}: must be {' or '.join(words)}{optional}, got {json.dumps(error.instance)[:40]}"
 
 
 class McpGuard:
@@ -124,8 +158,11 @@ class McpGuard:
     """
 
     def __init__(self, app: Callable, gate: AdmissionGate, tools: Collection[str], guarded_tools: Collection[str],
-                 on_gone: Callable[[str], Any], calls: McpCalls | None = None):
+                 on_gone: Callable[[str], Any], calls: McpCalls | None = None,
+                 input_schema: Callable[[str], dict[str, Any] | None] | None = None):
         self.app = app
+        #: a tool's ``inputSchema`` as the MCP server lists it (None: not known; the server checks alone)
+        self.input_schema = input_schema or (lambda tool: None)
         self.gate = gate
         self.tools = tuple(tools)
         self.guarded_tools = frozenset(guarded_tools)
@@ -157,10 +194,17 @@ class McpGuard:
             # Gradio would call any public endpoint by its function's name, the page's own ones too
             await _tool_error(send, call[0], f"unknown tool {call[1][:40]!r}; the tools here: {', '.join(self.tools)}")
             return
+        schema = self.input_schema(call[1]) if call is not None else None
+        problem = argument_problem(schema, call[2]) if schema else None
+        if problem:  # refused before the admission limits, as the tools' own validation is
+            log.info(json.dumps({"event": "request", "outcome": "invalid", "via": "mcp", "tool": call[1],
+                                 "reason": problem.split(":")[0]}))
+            await _tool_error(send, call[0], problem)
+            return
         if call is None or call[1] not in self.guarded_tools:
             await self.app(scope, replay_body(body, more, receive), send)
             return
-        request_id, tool = call
+        request_id, tool, _ = call
         client_host = (scope.get("client") or (None, None))[0]
         issued = self.calls.issue(client_host, tool)
         reason = await self.gate.admit(issued.placeholder.session_hash, client_host)
