@@ -164,9 +164,12 @@ def hardening_app_kwargs(app: App) -> dict:
 
 
 def mcp_input_schema(app: App, tool: str) -> dict | None:
-    """The ``inputSchema`` Gradio's MCP server lists for ``tool`` (None without the MCP server)."""
+    """The ``inputSchema`` Gradio's MCP server lists for ``tool`` (None without the MCP server or the tool)."""
     server = getattr(app.demo, "mcp_server_obj", None)
-    return server.get_input_schema(tool)[0] if server is not None else None
+    try:
+        return server.get_input_schema(tool)[0] if server is not None else None
+    except ValueError:  # a tool Gradio does not serve: its own answer stands
+        return None
 
 
 def guarded_events(app: App) -> list[gradio_queue.QueuedEvent]:
