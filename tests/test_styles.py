@@ -181,8 +181,6 @@ def test_images_of_different_styles_never_share_a_call(make_engine):
 def test_style_fields_are_validated_naming_the_field():
     good = validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="striped"))
     assert good.style == "striped" and good.style_scale == 1.0
-    left_out = validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="striped", style_scale=None))
-    assert left_out.style_scale == 1.0  # None (an API or MCP caller's "left out") is the style's own strength
     assert validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="None")).style == ""
     for fields, field in ((dict(style="watercolor"), "style"), (dict(style=3), "style"),
                           (dict(style="outline", style_scale=2.5), "style_scale"),

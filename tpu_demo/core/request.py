@@ -151,8 +151,7 @@ def _negative_prompt(value: Any, spec: ModelSpec, max_chars: int) -> str:
 
 
 def _style(raw: Mapping[str, Any], spec: ModelSpec) -> tuple[str, float]:
-    """The style by name ("" for none: "None", "" or left out) and its scale (the style's default when left
-    out or None, as an API or MCP caller leaves it)."""
+    """The style by name ("" for none: "None", "" or left out) and its scale (the style's default when left out)."""
     value = raw.get("style", "")
     offered = ", ".join(style_names(spec.styles))
     if not isinstance(value, str):
@@ -160,9 +159,7 @@ def _style(raw: Mapping[str, Any], spec: ModelSpec) -> tuple[str, float]:
     if value not in style_names(spec.styles) and value != "":
         raise RequestError("style", f"{value[:40]!r} is not a style of {spec.id}; choose one of: {offered}")
     style = find_style(spec.styles, value)
-    given = raw.get("style_scale")
-    default = style.default_scale if style else 1.0
-    scale = _number("style_scale", default if given is None else given, *STYLE_SCALE_RANGE)
+    scale = _number("style_scale", raw.get("style_scale", style.default_scale if style else 1.0), *STYLE_SCALE_RANGE)
     return ("" if value == NO_STYLE else value), scale
 
 
