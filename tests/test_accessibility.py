@@ -36,8 +36,17 @@ DESKTOP = {"width": 1280, "height": 900}
 RUN_AXE = """(tags) => axe.run(document, {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']})"""
 
 
+#: the page at rest: no block in Gradio's pending state (drawn at opacity 0.2 while an event that
+#: updates it runs, e.g. the header's load event on a busy machine) and no finite CSS transition or
+#: animation under way; axe would read the colours half-way
+SETTLED = """() => !document.querySelector('.pending') && document.getAnimations().every(
+  a => a.playState !== 'running' || a.effect.getComputedTiming().iterations === Infinity)"""
+
+
 def audit(page) -> list[str]:
-    """axe-core's serious and critical WCAG 2.0/2.1 A/AA violations on the page now, minus GRADIO_OWN."""
+    """axe-core's serious and critical WCAG 2.0/2.1 A/AA violations on the page once it is at rest (SETTLED),
+    minus GRADIO_OWN."""
+    page.wait_for_function(SETTLED, timeout=30_000)
     if not page.evaluate("typeof window.axe !== 'undefined'"):
         page.evaluate(AXE_JS)
     found = []

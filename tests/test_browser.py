@@ -18,7 +18,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason=f"{CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)")
 
 #: A tiny model runs 50 steps at 128x128 in ~0.3 s here: a run long enough to Stop needs many images.
-LONG_RUN_IMAGES = 16
+#: 16 was too few on a loaded CI machine: the run ended before the Stop click reached it (a stop costs
+#: only the images made before it, so a longer run costs nothing).
+LONG_RUN_IMAGES = 48
 
 # Records the gallery's image count on every DOM mutation (no polling): window.__galleryCounts.
 OBSERVE_GALLERY = """(selector) => {
@@ -156,8 +158,10 @@ def test_stop_ends_a_long_run_with_a_message(open_page):
     page, _, _ = open_page()
     start_long_run(page)
     page.wait_for_function("document.querySelector('#bucket-status').innerText.includes('device busy')")
+    shown_at_click = page.locator(GALLERY_IMAGES).count()
     page.click("#stop")
-    page.get_by_text("Stopped").first.wait_for(state="visible", timeout=10_000)
+    assert shown_at_click < LONG_RUN_IMAGES, "the run ended before Stop: the test needs a longer one"
+    page.get_by_text("Stopped").first.wait_for(state="visible", timeout=20_000)
     # the panel's device line turns idle once the run ended; a run that ignored Stop would only
     # get there after its last image
     page.wait_for_function("document.querySelector('#bucket-status').innerText.includes('device idle')",
