@@ -276,3 +276,41 @@ def test_argument_problem_names_the_argument_a_schema_refuses():
     assert argument_problem(schema, ["a"]) == "arguments: must be an object of named arguments"
     # the first refused argument in name order, whatever order they came in
     assert argument_problem(schema, {"seed": "x", "prompt": 1}).startswith("prompt: must be text")
+
+
+def _rpc(url: str, message: dict, timeout: float = 120) -> httpx.Response:
+    """One raw JSON-RPC POST to the MCP endpoint (stateless streamable HTTP: no initialize needed)."""
+    return httpx.post(url + "gradio_api/mcp/", json=message, timeout=timeout,
+                      headers={"accept": "application/json, text/event-stream"})
+
+
+def test_notifications_cancelled_stops_only_the_call_it_names(launch_app, request_log):
+    """MCP's cancel (a separate POST, ``notifications/cancelled`` with the call's JSON-RPC id, as the
+    TypeScript SDK sends on abort) stops that call's run at its next step; a cancel naming another id
+    stops nothing. Raw HTTP, as a client that keeps its connection open would send it."""
+    app, url = launch_app("--no-warmup")
+    steps, hook = slow_steps(app, 0.2)
+    answers = {}
+
+    def run():
+        answers["call"] = _rpc(url, {"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {
+            "name": "generate_images", "arguments": dict(FAST, prompt="a red circle", num_images=4,
+                                                         num_inference_steps=8)}})
+
+    with hook:
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert wait_until(lambda: len(steps) >= 2, 60)
+        other = _rpc(url, {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 42}})
+        assert other.status_code == 202
+        at_wrong_cancel = len(steps)
+        assert wait_until(lambda: len(steps) >= at_wrong_cancel + 3, 60), "a cancel of another id stopped the run"
+        mine = _rpc(url, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": 41, "reason": "user aborted"}})
+        assert mine.status_code == 202
+        thread.join(120)
+    assert not thread.is_alive()
+    assert wait_until(lambda: any(line.get("outcome") == "stopped" for line in request_log()), 30)
+    [stopped] = [line for line in request_log() if line.get("outcome") == "stopped"]
+    assert stopped["images_done"] < 4 and len(steps) < 32
+    assert "Stopped" in answers["call"].text  # the tool's answer says so (an error naming how far it got)

@@ -14,7 +14,10 @@ uvicorn believe), and all of them as one session.
    session of the call's own; past one, the call gets a tool error with the reason (no loopback at
    all). Admitted, the call gets a server-issued token in ``MCP_CALL_HEADER`` (any copy the caller
    sent is replaced) and a place among the joining requests until its loopback join arrives. When the
-   MCP request's connection closes early (the client cancelled or went away), its run is stopped.
+   MCP request's connection closes early (the client cancelled or went away), its run is stopped;
+   so is it when the same address sends MCP's ``notifications/cancelled`` naming the call's JSON-RPC id
+   (Gradio's MCP server is stateless: each POST is a session of its own, so the SDK's own handling of
+   a cancel never reaches the call).
 2. The loopback join: a valid token is claimed (once) and the join's address is rewritten to the MCP
    caller's, so the admission check, Gradio's queue, the limits of later callers and the handlers all
    see the real address; the token stays as the call's session and Stop identity (web/callers.py).
@@ -62,11 +65,26 @@ class McpCall:
 
 
 class McpCalls:
-    """The tokens issued to tool calls in flight; each is claimed by one loopback join at most."""
+    """The tokens issued to tool calls in flight; each is claimed by one loopback join at most. Also the
+    running calls by (caller address, JSON-RPC id), which is what a ``notifications/cancelled`` names."""
 
     def __init__(self) -> None:
         self._calls: dict[str, McpCall] = {}
+        self._running: dict[tuple[str | None, str], str] = {}
         self._lock = threading.Lock()
+
+    def running(self, client_host: str | None, request_id: Any, key: str) -> None:
+        with self._lock:
+            self._running[(client_host, json.dumps(request_id))] = key
+
+    def finished(self, client_host: str | None, request_id: Any) -> None:
+        with self._lock:
+            self._running.pop((client_host, json.dumps(request_id)), None)
+
+    def running_key(self, client_host: str | None, request_id: Any) -> str | None:
+        """The Stop key of the call ``request_id`` that ``client_host`` has running; None for anyone else's."""
+        with self._lock:
+            return self._running.get((client_host, json.dumps(request_id)))
 
     def issue(self, client_host: str | None, tool: str) -> McpCall:
         token = secrets.token_urlsafe(24)
@@ -102,17 +120,30 @@ def _token(scope: Scope) -> str | None:
     return next((value.decode("latin-1") for key, value in scope.get("headers", []) if key.lower() == _HEADER), None)
 
 
-def _tool_call(body: bytes) -> tuple[Any, str, Any] | None:
-    """(JSON-RPC id, tool name, arguments) of a ``tools/call`` message, else None."""
+def _message(body: bytes, method: str) -> dict[str, Any] | None:
+    """The JSON-RPC message in ``body`` if it is one of ``method``, else None."""
     try:
         message = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(message, dict) or message.get("method") != "tools/call":
+    return message if isinstance(message, dict) and message.get("method") == method else None
+
+
+def _tool_call(body: bytes) -> tuple[Any, str, Any] | None:
+    """(JSON-RPC id, tool name, arguments) of a ``tools/call`` message, else None."""
+    message = _message(body, "tools/call")
+    if message is None:
         return None
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
     return (message.get("id"), name, params.get("arguments") or {}) if isinstance(name, str) else None
+
+
+def _cancelled_id(body: bytes) -> Any:
+    """The ``requestId`` of a ``notifications/cancelled`` message, else None."""
+    message = _message(body, "notifications/cancelled")
+    params = message.get("params") if message is not None else None
+    return params.get("requestId") if isinstance(params, dict) else None
 
 
 #: JSON Schema types in the words of the tools' own checks ("num_images: must be ...")
@@ -189,6 +220,15 @@ class McpGuard:
 
     async def _mcp_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         body, more = await read_body(receive)
+        client_host = (scope.get("client") or (None, None))[0]
+        cancelled = None if more else _cancelled_id(body)
+        if cancelled is not None:
+            key = self.calls.running_key(client_host, cancelled)
+            if key is not None:
+                self.on_gone(key)  # the client cancelled its own call: the run stops at its next step
+            # answered by the MCP server as any notification (202); a cancel of no call of this caller's does nothing
+            await self.app(scope, replay_body(body, more, receive), send)
+            return
         call = None if more else _tool_call(body)
         if call is not None and call[1] not in self.tools:
             # Gradio would call any public endpoint by its function's name, the page's own ones too
@@ -205,7 +245,6 @@ class McpGuard:
             await self.app(scope, replay_body(body, more, receive), send)
             return
         request_id, tool, _ = call
-        client_host = (scope.get("client") or (None, None))[0]
         issued = self.calls.issue(client_host, tool)
         reason = await self.gate.admit(issued.placeholder.session_hash, client_host)
         if reason is not None:
@@ -225,9 +264,11 @@ class McpGuard:
                 self.on_gone(key)  # the client cancelled or went away: its run stops at its next step
             return message
 
+        self.calls.running(client_host, request_id, key)
         try:
             await self.app(scope, watch, send)
         finally:
+            self.calls.finished(client_host, request_id)
             self._release(issued)
             self.on_gone(key)  # the call is over; a run still going for it has nobody to answer
 
