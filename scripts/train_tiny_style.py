@@ -12,7 +12,8 @@ same linear layers in every style and has the same rank, so the app can hot-swap
 on a compiled transformer (``enable_lora_hotswap``). Deterministic from ``--seed``; writes
 ``<output>/<style>.safetensors`` (diffusers' LoRA format, ``FluxPipeline.save_lora_weights``) and
 ``<style>.json`` (the arguments, timings and, with ``--evaluate``, the judge's figures:
-:func:`evaluate_style`).
+:func:`evaluate_style`). ``--vae-ceiling`` records what the judge reads of the exact styled drawings
+after the VAE alone (:func:`vae_ceiling`): the most an adapter can reach through this decoder.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from tiny_shapes import dataset as shapes_dataset  # noqa: E402
-from tiny_shapes.styles import STYLES, generate_styled, judge_styled  # noqa: E402
+from tiny_shapes.styles import STYLES, generate_styled, judge_styled, render_styled  # noqa: E402
 from tiny_shapes.vae_training import encode_images, lr_at  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "training: true CFG's unconditional call runs through the adapter too, and one it never "
                              "trained pulls the colours off (docs/tiny-shapes.md, 'Styles')")
     parser.add_argument("--evaluate", action="store_true", help="judge the adapter on held-out prompts after training")
+    parser.add_argument("--vae-ceiling", action="store_true",
+                        help="judge the exact styled drawings of the held-out prompts after the VAE alone (no "
+                             "adapter, no transformer; no training) and record it: what an adapter can reach through this decoder")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="judge the adapter already in --output (no training); its record gets the figures")
     return parser.parse_args(argv)
@@ -190,17 +195,47 @@ def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANV
     return evaluate_styles(pipe, (style,), seed, canvases, every)[style]
 
 
+def vae_ceiling(vae, style: str, canvases=shapes_dataset.CANVASES, every: int = 1) -> dict[str, dict]:
+    """The judge on the held-out prompts' exact ``style`` drawings after ``vae`` encodes and decodes them:
+    the figures an adapter would reach if it drew every latent perfectly. Per bucket and kind, as
+    :func:`evaluate_styles` reports them."""
+    figures = {}
+    for width, height in canvases:
+        for kind, scenes in (("single", shapes_dataset.held_out_prompts()[::every]),
+                             ("two", shapes_dataset.held_out_two_shape_prompts()[::every])):
+            read = []
+            for i in range(0, len(scenes), 32):
+                chunk = scenes[i:i + 32]
+                # (batch, 3, height, width) in [-1, 1], as the pipeline's image processor hands the VAE
+                drawn = torch.stack([torch.from_numpy(np.asarray(render_styled(scene, style, (width, height))))
+                                     .permute(2, 0, 1).float() / 127.5 - 1 for scene in chunk])
+                with torch.no_grad():
+                    decoded = vae.decode(vae.encode(drawn).latent_dist.mode()).sample
+                images = [Image.fromarray(((x.permute(1, 2, 0).numpy() + 1) * 127.5).clip(0, 255).astype(np.uint8))
+                          for x in decoded]
+                read += [judge_styled(scene, image, style) for scene, image in zip(chunk, images)]
+            figures[f"{width}x{height} {kind}"] = {
+                "n": len(read), "style": float(np.mean([v["style"] for v in read])),
+                "base_all": float(np.mean([v["all"] for v in read])),
+                "both": float(np.mean([v["style"] and v["all"] for v in read]))}
+    return figures
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     started = time.perf_counter()
     pipe = load_base(args.base)
-    if args.evaluate_only:
+    if args.evaluate_only or args.vae_ceiling:
         record_path = args.output / f"{args.style}.json"
-        pipe.load_lora_weights(str(args.output / f"{args.style}.safetensors"), adapter_name=args.style)
         record = json.loads(record_path.read_text()) if record_path.is_file() else {}
-        record["evaluation"] = evaluate_style(pipe, args.style, args.seed)
+        if args.vae_ceiling:
+            record["vae_ceiling"] = vae_ceiling(pipe.vae, args.style)
+            print(json.dumps(record["vae_ceiling"]), flush=True)
+        if args.evaluate_only:
+            pipe.load_lora_weights(str(args.output / f"{args.style}.safetensors"), adapter_name=args.style)
+            record["evaluation"] = evaluate_style(pipe, args.style, args.seed)
         record_path.write_text(json.dumps(record, indent=1) + "\n")
         return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
