@@ -32,7 +32,8 @@ QUICK_TIER: dict[str, tuple[str, ...]] = {
     # the one real app start: python app.py's composition on loopback, a generation through the API
     "web": ("test_app.py::test_generate_streams_one_gallery_update_per_image",
             "test_web_units.py::test_warmup_throttle_allows_one_per_address_per_interval",
-            "test_web_units.py::test_busy_reason_counts_waiting_sessions_and_addresses"),
+            "test_web_units.py::test_busy_reason_counts_waiting_sessions_and_addresses",
+            "test_mcp.py::test_a_cancel_is_tied_to_one_running_call_of_that_address_or_to_none"),
 }
 
 

@@ -314,3 +314,22 @@ def test_notifications_cancelled_stops_only_the_call_it_names(launch_app, reques
     [stopped] = [line for line in request_log() if line.get("outcome") == "stopped"]
     assert stopped["images_done"] < 4 and len(steps) < 32
     assert "Stopped" in answers["call"].text  # the tool's answer says so (an error naming how far it got)
+
+
+def test_a_cancel_is_tied_to_one_running_call_of_that_address_or_to_none():
+    """McpCalls' table behind ``notifications/cancelled``: the id names a call only at the address that
+    runs it; two calls of one address with the same id (two clients behind one NAT, each counting from
+    1) make the cancel ambiguous, so it stops neither; when one ends, the other is named again."""
+    from tpu_demo.web.mcp_guard import McpCalls
+
+    calls = McpCalls()
+    calls.running("10.0.0.1", 1, "mcp:a")
+    assert calls.running_key("10.0.0.1", 1) == "mcp:a"
+    assert calls.running_key("10.0.0.2", 1) is None and calls.running_key("10.0.0.1", 2) is None
+    assert calls.running_key("10.0.0.1", "1") is None  # JSON-RPC ids keep their type
+    calls.running("10.0.0.1", 1, "mcp:b")
+    assert calls.running_key("10.0.0.1", 1) is None
+    calls.finished("10.0.0.1", 1, "mcp:a")
+    assert calls.running_key("10.0.0.1", 1) == "mcp:b"
+    calls.finished("10.0.0.1", 1, "mcp:b")
+    assert calls.running_key("10.0.0.1", 1) is None

@@ -70,21 +70,28 @@ class McpCalls:
 
     def __init__(self) -> None:
         self._calls: dict[str, McpCall] = {}
-        self._running: dict[tuple[str | None, str], str] = {}
+        self._running: dict[tuple[str | None, str], list[str]] = {}
         self._lock = threading.Lock()
 
     def running(self, client_host: str | None, request_id: Any, key: str) -> None:
         with self._lock:
-            self._running[(client_host, json.dumps(request_id))] = key
+            self._running.setdefault((client_host, json.dumps(request_id)), []).append(key)
 
-    def finished(self, client_host: str | None, request_id: Any) -> None:
+    def finished(self, client_host: str | None, request_id: Any, key: str) -> None:
         with self._lock:
-            self._running.pop((client_host, json.dumps(request_id)), None)
+            keys = self._running.get((client_host, json.dumps(request_id)), [])
+            if key in keys:
+                keys.remove(key)
+            if not keys:
+                self._running.pop((client_host, json.dumps(request_id)), None)
 
     def running_key(self, client_host: str | None, request_id: Any) -> str | None:
-        """The Stop key of the call ``request_id`` that ``client_host`` has running; None for anyone else's."""
+        """The Stop key of the call ``request_id`` that ``client_host`` has running; None for anyone else's,
+        and None when that address runs two calls with that id (clients behind one address each count
+        from 0 or 1, and a stateless server cannot tell whose cancel it is: it stops neither)."""
         with self._lock:
-            return self._running.get((client_host, json.dumps(request_id)))
+            keys = self._running.get((client_host, json.dumps(request_id)), [])
+            return keys[0] if len(keys) == 1 else None
 
     def issue(self, client_host: str | None, tool: str) -> McpCall:
         token = secrets.token_urlsafe(24)
@@ -268,7 +275,7 @@ class McpGuard:
         try:
             await self.app(scope, watch, send)
         finally:
-            self.calls.finished(client_host, request_id)
+            self.calls.finished(client_host, request_id, key)
             self._release(issued)
             self.on_gone(key)  # the call is over; a run still going for it has nobody to answer
 
