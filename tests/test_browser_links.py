@@ -34,11 +34,19 @@ def test_a_copied_link_fills_a_new_page_and_generates_the_same_pixels(open_page)
     page.fill("#prompt textarea", "a blue square at the top-left")
     page.click("#generate")
     wait_for_gallery_images(page, 2)
+    # the run over (the panel refreshes each second): a click made while its last update lands can be lost
+    page.wait_for_function("document.querySelector('#bucket-status').innerText.includes('device idle')",
+                           timeout=30_000)
     original = image_pixels(page, 1)
     page.locator(GALLERY_IMAGES).nth(1).click()  # select the second image (seed + 1)
     page.click("#copy-link")
-    page.wait_for_function("(document.querySelector('#image-link textarea') || {}).value?.startsWith('http')",
-                           timeout=20_000)
+    try:
+        page.wait_for_function("(document.querySelector('#image-link textarea') || {}).value?.startsWith('http')",
+                               timeout=30_000)
+    except Exception as error:  # say what the page showed instead
+        shown = page.evaluate("""() => ({box: (document.querySelector('#image-link textarea') || {}).value,
+                                        toasts: [...document.querySelectorAll('.toast-body')].map(t => t.innerText)})""")
+        raise AssertionError(f"no link after Copy link: {shown}") from error
     link = page.input_value("#image-link textarea")
     assert link.startswith(page.url.split("?")[0] + "?prompt=a+blue+square")
     for name in ("model=tiny-flux", "mode=eager", "resolution=", "steps=", "guidance=", "seed="):
