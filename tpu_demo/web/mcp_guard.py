@@ -73,24 +73,28 @@ class McpCalls:
         self._running: dict[tuple[str | None, str], list[str]] = {}
         self._lock = threading.Lock()
 
+    @staticmethod
+    def _call_id(client_host: str | None, request_id: Any) -> tuple[str | None, str]:
+        return client_host, json.dumps(request_id)  # JSON-RPC ids keep their type: 1 is not "1"
+
     def running(self, client_host: str | None, request_id: Any, key: str) -> None:
         with self._lock:
-            self._running.setdefault((client_host, json.dumps(request_id)), []).append(key)
+            self._running.setdefault(self._call_id(client_host, request_id), []).append(key)
 
     def finished(self, client_host: str | None, request_id: Any, key: str) -> None:
         with self._lock:
-            keys = self._running.get((client_host, json.dumps(request_id)), [])
+            keys = self._running.get(self._call_id(client_host, request_id), [])
             if key in keys:
                 keys.remove(key)
             if not keys:
-                self._running.pop((client_host, json.dumps(request_id)), None)
+                self._running.pop(self._call_id(client_host, request_id), None)
 
     def running_key(self, client_host: str | None, request_id: Any) -> str | None:
         """The Stop key of the call ``request_id`` that ``client_host`` has running; None for anyone else's,
         and None when that address runs two calls with that id (clients behind one address each count
         from 0 or 1, and a stateless server cannot tell whose cancel it is: it stops neither)."""
         with self._lock:
-            keys = self._running.get((client_host, json.dumps(request_id)), [])
+            keys = self._running.get(self._call_id(client_host, request_id), [])
             return keys[0] if len(keys) == 1 else None
 
     def issue(self, client_host: str | None, tool: str) -> McpCall:
