@@ -34,6 +34,7 @@ import argparse
 import copy
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -47,7 +48,8 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from tiny_shapes import captions as shapes_captions, dataset as shapes_dataset  # noqa: E402
-from tiny_shapes.coupling import FREE, coupled_noise, left_out_code, region_masks  # noqa: E402
+from tiny_shapes.coupling import (FREE, coupled_noise, left_out_code, nearest_noise,  # noqa: E402
+                                  layout_alternatives, region_masks)  # noqa: E402
 from tiny_shapes.model import WORDINGS, build_shapes_pipeline, extend_vocabulary  # noqa: E402
 from tiny_shapes.styles import render_styled  # noqa: E402
 from tiny_shapes.vae_training import encode_images, lr_at, object_pixel_mask, train_decoder, train_vae  # noqa: E402
@@ -84,9 +86,15 @@ def parse_args(argv=None):
                         "(docs/tiny-shapes.md, 'Ninth attempt': measured, not shipped)")
     p.add_argument("--full-share", type=float, default=0.4,
                    help="varied captions: share that names every attribute (the rest leave some out)")
-    p.add_argument("--couple-left-out", action="store_true",
+    p.add_argument("--couple-left-out", nargs="?", const="statistic", choices=("statistic", "nearest"), default=None,
                    help="varied captions: draw each sample's noise so that it names the scene's left-out attributes "
-                        "(tiny_shapes.coupling), so the seed chooses them instead of the model drawing their average")
+                        "(tiny_shapes.coupling), so the seed chooses them instead of the model drawing their average; "
+                        "statistic (the eleventh attempt): a fixed statistic of the noise names position, size and "
+                        "background; nearest: the noise is nearer the scene's latent than to the scene with its "
+                        "left-out positions and sizes set any other way (optimal-transport pairing)")
+    p.add_argument("--alternatives", type=int, default=9,
+                   help="--couple-left-out nearest: at most this many other layouts per scene (one object with "
+                        "position and size left out has 9; two objects more, of which this many are drawn)")
     p.add_argument("--stray-word", type=float, default=0.08,
                    help="varied captions: share with one made-up word the vocabulary does not know")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
@@ -319,6 +327,20 @@ def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generat
     return table[torch.randint(0, len(table), (batch,), generator=gen)]
 
 
+def render_alternatives(rendered: list, size: tuple[int, int], limit: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
+    """For ``--couple-left-out nearest``: each training scene drawn in its other layouts
+    (``tiny_shapes.coupling.layout_alternatives``), as one uint8 array, and per scene the
+    ``(start, count)`` of its rows in it."""
+    rng = random.Random(seed)
+    images, spans = [], []
+    for _, prompt in rendered:
+        others = layout_alternatives(prompt.scene, prompt.named, rng, limit)
+        spans.append((len(images), len(others)))
+        images += [np.asarray(shapes_dataset.render(scene, None, size)) for scene in others]
+    empty = np.zeros((0, size[1], size[0], 3), np.uint8)
+    return (np.stack(images) if images else empty), torch.tensor(spans, dtype=torch.long)
+
+
 def bucket_batch(bucket: dict, args, sigmas_table: torch.Tensor, gen: torch.Generator) -> dict:
     """One training batch of ``bucket``: clean latents ``x0``, caption ``rows`` (0, the empty caption,
     at ``--caption-dropout``), noise levels, noise and the per-token loss weights."""
@@ -332,6 +354,11 @@ def bucket_batch(bucket: dict, args, sigmas_table: torch.Tensor, gen: torch.Gene
         noise = coupled_noise(codes, tuple(x0.shape[1:]), bucket["regions"], gen)
     else:
         noise = torch.randn(x0.shape, generator=gen)
+    if "alternatives" in bucket:  # --couple-left-out nearest: noise nearest the scene among its other layouts
+        for row, (i, caption_row) in enumerate(zip(idx.tolist(), rows.tolist())):
+            start, count = bucket["alternative_spans"][i].tolist()
+            if count and caption_row:
+                noise[row] = nearest_noise(torch.cat([x0[row:row + 1], bucket["alternatives"][start:start + count]]), gen)
     return dict(x0=x0, rows=rows, sigma=sigma, noise=noise, token_weights=bucket["token_weights"][idx],
                 img_ids=bucket["img_ids"])
 
@@ -444,7 +471,8 @@ def main(argv=None):
     jitter = tuple(int(v) for v in args.jitter.split(","))
     data = []  # per bucket: (uint8 images, captions, scenes); bucket i renders from seed + 1000 i
     prompts = {}  # caption -> tiny_shapes.captions.Prompt (what it names, where each object's phrase is)
-    codes = []  # --couple-left-out: per bucket, what each image's noise must name (tiny_shapes.coupling)
+    codes = []  # --couple-left-out statistic: per bucket, what each image's noise must name (tiny_shapes.coupling)
+    alternatives = []  # --couple-left-out nearest: per bucket, (images of the other layouts, (start, count) per image)
     for i, (size, count) in enumerate(zip(sizes, counts)):
         if args.captions == "grammar":
             rendered = [(image, shapes_captions.describe_grammar(scene)) for image, _, scene in shapes_dataset.generate(
@@ -455,9 +483,11 @@ def main(argv=None):
                                                 stray_word=args.stray_word)
         prompts.update((prompt.text, prompt) for _, prompt in rendered)
         data.append((np.stack([d[0] for d in rendered]), [d[1].text for d in rendered], [d[1].scene for d in rendered]))
-        if args.couple_left_out:
+        if args.couple_left_out == "statistic":
             codes.append(torch.from_numpy(np.stack([left_out_code(p.scene, p.named, p.background_named)
                                                     for _, p in rendered])))
+        if args.couple_left_out == "nearest":
+            alternatives.append(render_alternatives(rendered, size, args.alternatives, args.seed + 7919 + i))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -518,6 +548,10 @@ def main(argv=None):
             rows=rows[offset:offset + b], batch=batch, weight=share))
         if codes:
             buckets[-1].update(codes=codes[len(buckets) - 1], regions=region_masks(h // 2, w // 2))
+        if alternatives and len(alternatives[len(buckets) - 1][0]):
+            images_alt, spans = alternatives[len(buckets) - 1]
+            alt = (encode_images(pipe.vae, images_alt) - shift) * scale
+            buckets[-1].update(alternatives=pipe._pack_latents(alt, *alt.shape), alternative_spans=spans)
         offset += b
     del data, latents
     txt_ids = torch.zeros(pipe.tokenizer_2.model_max_length, 3)

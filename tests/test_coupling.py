@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tiny_shapes import captions
-from tiny_shapes.coupling import FREE, coupled_noise, left_out_code, read_noise, region_masks
+from tiny_shapes.coupling import (FREE, coupled_noise, layout_alternatives, left_out_code, nearest_noise,
+                                  pointed_layout, read_noise, region_masks)
 from tiny_shapes.dataset import BACKGROUNDS, POSITION_NAMES, SIZES, Scene, ShapeSpec
 
 GRIDS = [(8, 8), (16, 16), (8, 12), (12, 8)]  # the token grids of 64x64, 128x128, 96x64, 64x96
@@ -101,14 +102,73 @@ def test_a_left_out_position_avoids_the_other_objects_named_one():
         assert sums.argmax().item() == first
 
 
-def test_training_with_the_coupling_runs_and_is_reproducible(tmp_path):
+@pytest.mark.parametrize("coupling", ["statistic", "nearest"])
+def test_training_with_the_coupling_runs_and_is_reproducible(tmp_path, coupling):
     """A miniature fine-tune on visitors' words with --couple-left-out, twice with one seed."""
     from safetensors.numpy import load_file
     from test_tiny_shapes import MODEL_DIR, _train
 
-    runs = [_train(tmp_path, name, 5, "--init-from", str(MODEL_DIR), "--extend-vocabulary", "--captions", "varied",
-                   "--couple-left-out", "--binding-weight", "0") for name in ("a", "b")]
+    runs = [_train(tmp_path, f"{coupling}-{name}", 5, "--init-from", str(MODEL_DIR), "--extend-vocabulary",
+                   "--captions", "varied", "--couple-left-out", coupling, "--binding-weight", "0")
+            for name in ("a", "b")]
     a, b = (load_file(run / "transformer/diffusion_pytorch_model.safetensors") for run in runs)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     record = json.loads((runs[0] / "training.json").read_text())
-    assert record["args"]["couple_left_out"] is True
+    assert record["args"]["couple_left_out"] == coupling
+
+
+def test_the_alternatives_change_only_what_a_caption_leaves_out_as_a_training_scene_allows():
+    red = ShapeSpec("red", "circle", "top left", "large")
+    blue = ShapeSpec("blue", "square", "bottom right", "large")
+    size, both = frozenset({"size"}), frozenset({"size", "position"})
+    single = Scene("white", (red,))
+    moved = layout_alternatives(single, (size,), random.Random(0))
+    assert sorted(s.objects[0].position for s in moved) == sorted(set(POSITION_NAMES) - {"top left"})
+    assert all(s.objects[0].size == "large" and s.background == "white" for s in moved)
+    assert {(s.objects[0].position, s.objects[0].size) for s in layout_alternatives(single, (frozenset(),),
+                                                                                   random.Random(0))} == {
+        (p, z) for p in POSITION_NAMES for z in SIZES} - {("top left", "large")}
+    assert layout_alternatives(single, (both,), random.Random(0)) == []
+    # two large shapes: never one in the centre; the named one stays where it is
+    pair = Scene("white", (red, blue))
+    moved = layout_alternatives(pair, (both, size), random.Random(0))
+    assert {s.objects[1].position for s in moved} == {"top right", "bottom left"}
+    assert all(s.objects[0] == red for s in moved)
+    pairs = layout_alternatives(pair, (size, size), random.Random(0), limit=50)
+    assert len(pairs) == 11 and all(len({o.position for o in s.objects}) == 2 for s in pairs)  # 4 * 3 - 1
+    # a small shape may go to the centre once the other is small too
+    assert any("center" in {o.position for o in s.objects}
+               for s in layout_alternatives(pair, (frozenset(), frozenset()), random.Random(0), limit=100))
+    assert len(layout_alternatives(pair, (size, size), random.Random(0), limit=7)) == 7
+
+
+def test_nearest_noise_points_to_its_scene_and_stays_a_standard_normal_draw_overall():
+    """Five layouts of one object (a bump of +2 on one of five token groups): the noise drawn for
+    each points towards it more than towards the others, and over layouts drawn evenly it is N(0, 1)
+    again."""
+    layouts = torch.zeros(5, 20, 4)
+    for k in range(5):
+        layouts[k, 4 * k:4 * k + 4] = 2.0
+    gen = torch.Generator().manual_seed(0)
+    draws = []
+    for k in range(5):
+        order = [k] + [j for j in range(5) if j != k]
+        for _ in range(400):
+            noise = nearest_noise(layouts[order], gen)
+            assert pointed_layout(noise[None], layouts).item() == k
+            draws.append(noise)
+    noise = torch.stack(draws)
+    assert abs(noise.mean().item()) < 0.02 and abs(noise.std().item() - 1) < 0.02
+
+
+def test_nearest_noise_gives_a_large_and_a_small_layout_about_the_same_share():
+    """Plain L2 nearness would hand most noise to the layout of smaller norm (a small shape): the
+    projection on unit directions splits it about evenly, so a seed picks either size."""
+    layouts = torch.zeros(4, 20, 4)
+    layouts[0, 0:2] = layouts[1, 10:12] = 2.0  # small at two places
+    layouts[2, 0:6] = layouts[3, 10:16] = 2.0  # large at the same two
+    noise = torch.randn(40000, 20, 4, generator=torch.Generator().manual_seed(0))
+    shares = torch.bincount(pointed_layout(noise, layouts), minlength=4).float() / len(noise)
+    assert (shares - 0.25).abs().max() < 0.05, shares
+    nearest = torch.bincount(torch.cdist(noise.flatten(1), layouts.flatten(1)).argmin(1), minlength=4).float() / len(noise)
+    assert nearest[:2].sum() > 0.7  # what the plain distance would have done
