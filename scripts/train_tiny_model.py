@@ -90,8 +90,9 @@ def parse_args(argv=None):
                    help="varied captions: draw each sample's noise so that it names the scene's left-out attributes "
                         "(tiny_shapes.coupling), so the seed chooses them instead of the model drawing their average; "
                         "statistic (the eleventh attempt): a fixed statistic of the noise names position, size and "
-                        "background; nearest: the noise is nearer the scene's latent than to the scene with its "
-                        "left-out positions and sizes set any other way (optimal-transport pairing)")
+                        "background; nearest: the noise points towards the scene's latent more than towards the scene "
+                        "with its left-out positions and sizes set any other way (an optimal-transport pairing; "
+                        "docs/tiny-shapes.md, 'Twelfth attempt': measured, not shipped)")
     p.add_argument("--alternatives", type=int, default=9,
                    help="--couple-left-out nearest: at most this many other layouts per scene (one object with "
                         "position and size left out has 9; two objects more, of which this many are drawn)")
@@ -327,7 +328,8 @@ def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generat
     return table[torch.randint(0, len(table), (batch,), generator=gen)]
 
 
-def render_alternatives(rendered: list, size: tuple[int, int], limit: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
+def render_alternatives(rendered: list, size: tuple[int, int], limit: int,
+                        seed: int) -> tuple[np.ndarray, torch.Tensor]:
     """For ``--couple-left-out nearest``: each training scene drawn in its other layouts
     (``tiny_shapes.coupling.layout_alternatives``), as one uint8 array, and per scene the
     ``(start, count)`` of its rows in it."""
@@ -354,11 +356,12 @@ def bucket_batch(bucket: dict, args, sigmas_table: torch.Tensor, gen: torch.Gene
         noise = coupled_noise(codes, tuple(x0.shape[1:]), bucket["regions"], gen)
     else:
         noise = torch.randn(x0.shape, generator=gen)
-    if "alternatives" in bucket:  # --couple-left-out nearest: noise nearest the scene among its other layouts
+    if "alternatives" in bucket:  # --couple-left-out nearest: noise that points to the scene, not its other layouts
         for row, (i, caption_row) in enumerate(zip(idx.tolist(), rows.tolist())):
             start, count = bucket["alternative_spans"][i].tolist()
             if count and caption_row:
-                noise[row] = nearest_noise(torch.cat([x0[row:row + 1], bucket["alternatives"][start:start + count]]), gen)
+                others = bucket["alternatives"][start:start + count]
+                noise[row] = nearest_noise(torch.cat([x0[row:row + 1], others]), gen)
     return dict(x0=x0, rows=rows, sigma=sigma, noise=noise, token_weights=bucket["token_weights"][idx],
                 img_ids=bucket["img_ids"])
 

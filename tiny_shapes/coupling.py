@@ -125,8 +125,9 @@ def coupled_noise(codes: torch.Tensor, shape: tuple[int, int], regions: torch.Te
 # layout at every noise level, and the model's first prediction at pure noise is one layout, not
 # their average. Here the candidates are the training scene with its left-out positions and sizes
 # set to every other layout the training scenes allow (rendered and encoded like the scene itself;
-# a random few when there are many), and the noise is drawn from the part of the Gaussian nearest
-# the scene. The background stays on plain noise: with the layout named, the seed already chooses it.
+# a random few when there are many), and the noise is drawn from the part of the Gaussian that
+# points towards the scene (:func:`nearest_noise`). The background stays on plain noise: with the
+# layout named, the seed already chooses it.
 
 
 def _sizes_allowed(positions: tuple[str, ...], sizes: tuple[str, ...]) -> bool:
@@ -178,5 +179,5 @@ def pointed_layout(noise: torch.Tensor, candidates: torch.Tensor) -> torch.Tenso
     return (noise.flatten(1) @ directions.T).argmax(1)
 
 
-__all__ = ["CODE_LENGTH", "FREE", "coupled_noise", "left_out_code", "nearest_noise", "pointed_layout", "layout_alternatives",
-           "read_noise", "region_masks"]
+__all__ = ["CODE_LENGTH", "FREE", "coupled_noise", "layout_alternatives", "left_out_code", "nearest_noise",
+           "pointed_layout", "read_noise", "region_masks"]
