@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from gradio_client import Client
 from PIL import Image
@@ -95,6 +96,7 @@ class Balancer:
         (d / "nginx.conf").write_text(f"""pid {d}/nginx.pid;
 error_log {d}/error.log info;
 daemon off;
+worker_processes 1;
 events {{ worker_connections 256; }}
 http {{
     include tpu-demo.conf;
@@ -135,6 +137,22 @@ http {{
         # only nginx's cookie counts: the app itself gives every new caller its owner cookie (web/callers.py)
         return response.status_code == 200 and not any(
             value.startswith("tpu_demo_replica=") for value in response.headers.get_list("set-cookie"))
+
+    def reloaded(self, address: str) -> bool:
+        """Whether the old config's worker has stopped taking connections, and the new one pins a cookie
+        naming ``address``.
+
+        One pinned answer is not enough: until the old worker handles its quit signal it still accepts
+        connections and routes the cookie elsewhere, so a visitor's join and its event stream could
+        reach different replicas (the stream then answers 404). A quitting worker closes its listening
+        socket, then retitles itself "is shutting down"; it lives on while open connections last
+        (gradio_client's heartbeat streams), so this waits for the title, not for the exit."""
+        try:
+            titles = [" ".join(worker.cmdline()) for worker in psutil.Process(self.nginx.pid).children()]
+        except psutil.NoSuchProcess:  # a worker exited while listed: look again
+            return False
+        accepting = [title for title in titles if "shutting down" not in title]
+        return len(accepting) == 1 and self.pins(address)  # worker_processes 1 (nginx.conf above)
 
     def listed_up(self) -> set[str]:
         return {line.split()[1] for line in self.upstreams.read_text().splitlines()
@@ -316,7 +334,7 @@ def test_a_replica_that_is_not_ready_receives_no_generation(cluster):
     _wait(lambda: c.address in balancer.listed_up(), 600, "replica c to be listed once ready")
     # the reload's new workers take over: a cookie naming c is then pinned (nginx sets no new cookie)
     # (old workers finish their open connections first; a request needs the new ones)
-    _wait(lambda: balancer.pins(c.address), 90, "nginx's reloaded workers to pin cookies naming c")
+    _wait(lambda: balancer.reloaded(c.address), 90, "nginx's old worker to quit and the new one to pin c")
     assert _generate(forged, replicas, seed=5000) == "c"
     after = [_generate(client, replicas, seed=5100 + i) for i, (client, _) in enumerate(visitors)]
     assert after == [name for _, name in visitors]
