@@ -63,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--two-shape-share", type=float, default=0.6,
                         help="share of training scenes with two shapes (the harder half: a small shape beside another)")
     parser.add_argument("--steps", type=int, default=1200)
-    parser.add_argument("--batch", type=int, default=4, help="images per bucket per step")
+    parser.add_argument("--batch", default="4",
+                        help="images per bucket per step: one number, or one per --buckets entry (e.g. 4,3,3,6)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--object-weight", type=float, default=4.0)
@@ -80,7 +81,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "adapter, no transformer; no training) and record it: what an adapter can reach through this decoder")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="judge the adapter already in --output (no training); its record gets the figures")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    batch = [int(b) for b in args.batch.split(",")]
+    buckets = len(args.buckets.split(","))
+    if len(batch) not in (1, buckets):
+        parser.error(f"--batch: one number, or one per --buckets entry ({buckets}); got {args.batch!r}")
+    args.batch = batch * buckets if len(batch) == 1 else batch
+    return args
 
 
 def load_base(path: Path):
@@ -140,17 +147,17 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, warmup=50)
         loss = 0.0
-        for bucket in buckets:
-            idx = torch.randint(0, len(bucket["packed"]), (args.batch,), generator=gen)
-            sigma = sigmas_table[torch.randint(0, len(sigmas_table), (args.batch,), generator=gen)]
+        for bucket, batch in zip(buckets, args.batch):
+            idx = torch.randint(0, len(bucket["packed"]), (batch,), generator=gen)
+            sigma = sigmas_table[torch.randint(0, len(sigmas_table), (batch,), generator=gen)]
             if args.low_noise_share > 0:  # no extra draws otherwise: earlier adapters stay reproducible
-                low = torch.rand(args.batch, generator=gen) < args.low_noise_share
+                low = torch.rand(batch, generator=gen) < args.low_noise_share
                 sigma = torch.where(low, sigma * LOW_NOISE, sigma)
             x0 = bucket["packed"][idx]
             noise = torch.randn(x0.shape, generator=gen)
             s = sigma.view(-1, 1, 1)
             rows = bucket["rows"][idx]
-            rows = torch.where(torch.rand(args.batch, generator=gen) < args.caption_dropout, 0, rows)  # row 0: ""
+            rows = torch.where(torch.rand(batch, generator=gen) < args.caption_dropout, 0, rows)  # row 0: ""
             pred = transformer(hidden_states=(1 - s) * x0 + s * noise, timestep=sigma, pooled_projections=pooled[rows],
                                encoder_hidden_states=embeds[rows], txt_ids=txt_ids, img_ids=bucket["img_ids"],
                                return_dict=False)[0]

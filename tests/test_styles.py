@@ -304,6 +304,29 @@ def test_style_training_is_reproducible_from_its_seed(tmp_path):
     assert train("c", 1) != first
 
 
+def test_style_training_takes_a_batch_per_bucket(tmp_path):
+    """``--batch 2,2`` is ``--batch 2`` (the same draws: the shipped adapters stay reproducible); ``2,1``
+    trains another adapter; a list of the wrong length is refused naming the flag."""
+    import subprocess
+    import sys
+
+    def train(name: str, batch: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "scripts/train_tiny_style.py", "--style", "outline", "--output",
+                               str(tmp_path / name), "--images", "4", "--steps", "2", "--batch", batch,
+                               "--buckets", "64x64,96x64", "--threads", "1"],
+                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+
+    def adapter(name: str) -> bytes:
+        return (tmp_path / name / "outline.safetensors").read_bytes()
+
+    for name, batch in (("one", "2"), ("each", "2,2"), ("other", "2,1")):
+        assert train(name, batch).returncode == 0, batch
+    assert adapter("each") == adapter("one")
+    assert adapter("other") != adapter("one")
+    refused = train("wrong", "2,2,2")
+    assert refused.returncode == 2 and "--batch: one number, or one per --buckets entry (2)" in refused.stderr
+
+
 def test_the_shipped_styles_hold_their_figures_on_a_held_out_slice():
     """Every 5th held-out prompt at 64x64 (22 single shapes, 20 two-shape scenes) as the app draws
     them: each style is applied and every base attribute is right in most images (floors under the
