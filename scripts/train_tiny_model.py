@@ -311,10 +311,13 @@ def args_record(args: argparse.Namespace) -> dict:
 
 def save_decoder_polish(pipe, args, timings: dict) -> None:
     """--decoder-only: the pipeline (only its decoder changed) and its record: the loaded pipeline's
-    ``training.json`` with this run's arguments under ``decoder_polish``."""
+    ``training.json`` with this run's arguments under ``decoder_polish`` (a polish of a polished
+    decoder keeps the ones before it under ``earlier_decoder_polishes``, oldest first)."""
     save_pipeline(pipe, args.output)
     source = args.init_from / "training.json"
     record = json.loads(source.read_text()) if source.is_file() else {}
+    if "decoder_polish" in record:
+        record["earlier_decoder_polishes"] = [*record.get("earlier_decoder_polishes", []), record["decoder_polish"]]
     record["decoder_polish"] = {"args": args_record(args), "timings": timings, "torch": torch.__version__}
     (args.output / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 

@@ -450,8 +450,14 @@ def test_polishing_a_saved_decoder_gives_the_decoder_of_a_run_from_scratch(tmp_p
     record = json.loads((polished / "training.json").read_text())
     assert record["args"] == json.loads((plain / "training.json").read_text())["args"]
     assert record["decoder_polish"]["args"]["vae_decoder_styles"] == "outline,striped"
+    assert "earlier_decoder_polishes" not in record
     stages = {json.loads(line)["stage"] for line in (polished / "train_log.jsonl").read_text().splitlines()}
     assert stages == {"vae_decoder"}
+    # polished again (how the shipped decoder got its second polish): both polishes on record, oldest first
+    again = _train(tmp_path, "again", 6, "--init-from", str(polished), "--decoder-only", *POLISH)
+    chain = json.loads((again / "training.json").read_text())
+    assert chain["earlier_decoder_polishes"] == [record["decoder_polish"]]
+    assert chain["decoder_polish"]["args"]["seed"] == 6 and chain["args"] == record["args"]
 
 
 def test_the_decoder_learns_the_styles_from_their_drawings():
