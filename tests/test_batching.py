@@ -142,21 +142,28 @@ def test_every_request_stopped_skips_the_decode(make_engine):
     """When every image of a call is stopped the pipeline is interrupted and the VAE never decodes."""
     engine = make_engine(max_batch=2)
     engine.warmup("tiny-flux", ExecutionMode.EAGER)
-    decodes = []
+    decodes, forwards = [], []
     pipeline = engine.load("tiny-flux")
-    hook = pipeline.vae.decoder.register_forward_pre_hook(lambda module, args: decodes.append(1))
     requests = [validate_request(request_fields(seed=s, num_inference_steps=12)) for s in (1, 2)]
     stops = [threading.Event(), threading.Event()]
 
-    def on_event(i, event):
-        if isinstance(event, StepProgress) and event.step == 2:
-            stops[i].set()
+    def stop_both_at_the_second_step(module, args):
+        # set on the device thread itself, so the stop is seen at this step's end, not whenever a
+        # consumer thread gets scheduled (on a busy machine the call could finish first)
+        forwards.append(1)
+        if len(forwards) == 2:
+            for stop in stops:
+                stop.set()
 
+    hooks = [pipeline.vae.decoder.register_forward_pre_hook(lambda module, args: decodes.append(1)),
+             pipeline.transformer.register_forward_pre_hook(stop_both_at_the_second_step)]
     try:
-        events = _run_together(engine, requests, stops, on_event)
+        events = _run_together(engine, requests, stops)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     assert all(isinstance(stream[-1], Stopped) for stream in events)
+    assert len(forwards) == 2  # interrupted at the second of 12 steps
     assert decodes == []
 
 

@@ -133,7 +133,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
         # the history shows earlier runs only: never the run in the gallery or in the comparison
-        generation.success(history.after_generate, [gallery], [history_view], api_visibility="private", queue=False)
+        # show_progress="hidden": a pending update would show the empty history as a loading box
+        generation.success(history.after_generate, [gallery], [history_view], api_visibility="private", queue=False,
+                           show_progress="hidden")
         comparison = compare_button.click(
             handlers.arm_stop_and_pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
             api_visibility="private",
@@ -146,7 +148,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
         )
         comparison.success(history.after_compare, [compare_gallery], [history_view], api_visibility="private",
-                           queue=False)
+                           queue=False, show_progress="hidden")
         gr.on([prompt.change, model.change], handlers.vocabulary_line, [prompt, model], [vocabulary],
               api_visibility="private", queue=False, trigger_mode="always_last", show_progress="hidden")
         model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),
