@@ -96,6 +96,11 @@ def parse_args(argv=None):
     p.add_argument("--alternatives", type=int, default=9,
                    help="--couple-left-out nearest: at most this many other layouts per scene (one object with "
                         "position and size left out has 9; two objects more, of which this many are drawn)")
+    p.add_argument("--self-pairs", type=Path, action="append", default=[],
+                   help="varied captions: a file of scripts/make_self_pairs.py (the model's own starting noise and "
+                        "the scene it drew from it, judged right), added to its bucket's scenes and trained with that "
+                        "noise (reflow filtered by the judge: tiny_shapes/self_pairs.py); may be given per bucket")
+    p.add_argument("--self-pair-repeat", type=int, default=1, help="--self-pairs: each pair this many times among the scenes")
     p.add_argument("--stray-word", type=float, default=0.08,
                    help="varied captions: share with one made-up word the vocabulary does not know")
     p.add_argument("--two-shape-prob", type=float, default=0.5, help="share of training scenes with two shapes")
@@ -306,7 +311,10 @@ def with_styles(sets: list[tuple[np.ndarray, np.ndarray]], data: list, sizes: li
 
 def args_record(args: argparse.Namespace) -> dict:
     """The run's arguments as JSON-ready values (paths as strings), for ``training.json``."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    def plain(value):
+        return str(value) if isinstance(value, Path) else [plain(v) for v in value] if isinstance(value, list) else value
+
+    return {k: plain(v) for k, v in vars(args).items()}
 
 
 def save_decoder_polish(pipe, args, timings: dict) -> None:
@@ -332,16 +340,17 @@ def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generat
 
 
 def render_alternatives(rendered: list, size: tuple[int, int], limit: int,
-                        seed: int) -> tuple[np.ndarray, torch.Tensor]:
+                        seed: int, padding: int = 0) -> tuple[np.ndarray, torch.Tensor]:
     """For ``--couple-left-out nearest``: each training scene drawn in its other layouts
     (``tiny_shapes.coupling.layout_alternatives``), as one uint8 array, and per scene the
-    ``(start, count)`` of its rows in it."""
+    ``(start, count)`` of its rows in it; ``padding`` more scenes (self-pairs) get none."""
     rng = random.Random(seed)
     images, spans = [], []
     for _, prompt in rendered:
         others = layout_alternatives(prompt.scene, prompt.named, rng, limit)
         spans.append((len(images), len(others)))
         images += [np.asarray(shapes_dataset.render(scene, None, size)) for scene in others]
+    spans += [(len(images), 0)] * padding
     empty = np.zeros((0, size[1], size[0], 3), np.uint8)
     return (np.stack(images) if images else empty), torch.tensor(spans, dtype=torch.long)
 
@@ -365,6 +374,11 @@ def bucket_batch(bucket: dict, args, sigmas_table: torch.Tensor, gen: torch.Gene
             if count and caption_row:
                 others = bucket["alternatives"][start:start + count]
                 noise[row] = nearest_noise(torch.cat([x0[row:row + 1], others]), gen)
+    if "fixed_noise" in bucket:  # --self-pairs: the noise the model drew this scene from (not for the empty caption)
+        first = bucket["fixed_from"]
+        for row, (i, caption_row) in enumerate(zip(idx.tolist(), rows.tolist())):
+            if i >= first and caption_row:
+                noise[row] = bucket["fixed_noise"][i - first]
     return dict(x0=x0, rows=rows, sigma=sigma, noise=noise, token_weights=bucket["token_weights"][idx],
                 img_ids=bucket["img_ids"])
 
@@ -479,6 +493,15 @@ def main(argv=None):
     prompts = {}  # caption -> tiny_shapes.captions.Prompt (what it names, where each object's phrase is)
     codes = []  # --couple-left-out statistic: per bucket, what each image's noise must name (tiny_shapes.coupling)
     alternatives = []  # --couple-left-out nearest: per bucket, (images of the other layouts, (start, count) per image)
+    fixed_noise = []  # --self-pairs: per bucket, None or (index of the first pair, each pair's noise)
+    self_pairs = {}
+    for path in args.self_pairs:
+        record = torch.load(path, weights_only=False)  # our own file: tensors and tiny_shapes.captions.Prompt
+        size = tuple(record["size"])
+        if size in self_pairs:  # several files for one bucket (rounds of pairs): all of them
+            record = {"prompts": self_pairs[size]["prompts"] + record["prompts"],
+                      "noise": torch.cat([self_pairs[size]["noise"], record["noise"]])}
+        self_pairs[size] = record
     for i, (size, count) in enumerate(zip(sizes, counts)):
         if args.captions == "grammar":
             rendered = [(image, shapes_captions.describe_grammar(scene)) for image, _, scene in shapes_dataset.generate(
@@ -487,13 +510,22 @@ def main(argv=None):
             rendered = shapes_captions.generate(count, seed=args.seed + 1000 * i, two_shape_prob=args.two_shape_prob,
                                                 size=size, jitter=jitter, full_share=args.full_share,
                                                 stray_word=args.stray_word)
+        regular = len(rendered)
+        pairs = self_pairs.get(size)
+        if pairs is not None:  # --self-pairs: after the regular scenes, each with its own noise
+            rendered = rendered + [(np.asarray(shapes_dataset.render(p.scene, None, size)), p)
+                                   for p in pairs["prompts"]] * args.self_pair_repeat
+            fixed_noise.append((regular, pairs["noise"].repeat(args.self_pair_repeat, 1, 1)))
+        else:
+            fixed_noise.append(None)
         prompts.update((prompt.text, prompt) for _, prompt in rendered)
         data.append((np.stack([d[0] for d in rendered]), [d[1].text for d in rendered], [d[1].scene for d in rendered]))
         if args.couple_left_out == "statistic":
             codes.append(torch.from_numpy(np.stack([left_out_code(p.scene, p.named, p.background_named)
                                                     for _, p in rendered])))
         if args.couple_left_out == "nearest":
-            alternatives.append(render_alternatives(rendered, size, args.alternatives, args.seed + 7919 + i))
+            alternatives.append(render_alternatives(rendered[:regular], size, args.alternatives, args.seed + 7919 + i,
+                                                    padding=len(rendered) - regular))
     timings["dataset_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -554,6 +586,8 @@ def main(argv=None):
             rows=rows[offset:offset + b], batch=batch, weight=share))
         if codes:
             buckets[-1].update(codes=codes[len(buckets) - 1], regions=region_masks(h // 2, w // 2))
+        if fixed_noise[len(buckets) - 1] is not None:
+            buckets[-1]["fixed_from"], buckets[-1]["fixed_noise"] = fixed_noise[len(buckets) - 1]
         if alternatives and len(alternatives[len(buckets) - 1][0]):
             images_alt, spans = alternatives[len(buckets) - 1]
             alt = (encode_images(pipe.vae, images_alt) - shift) * scale
