@@ -31,7 +31,7 @@ def judge_prompt(prompt: Prompt, image) -> dict:
         background, count_right = a.background, True
     else:
         background, objects = find_objects(image)
-        found = _match(prompt, objects, np.asarray(image).shape[1::-1])
+        found = match_objects(prompt, objects, np.asarray(image).shape[1::-1])
         count_right = len(objects) == len(prompt.scene.objects)
     result: dict = {"background": background == prompt.scene.background if prompt.background_named else None,
                     "count": count_right if len(prompt.scene.objects) > 1 else None}
@@ -52,7 +52,7 @@ def judge_prompt(prompt: Prompt, image) -> dict:
     return result
 
 
-def _match(prompt: Prompt, objects, size) -> list:
+def match_objects(prompt: Prompt, objects, size) -> list:
     """The found object for each of the caption's objects: the one of its colour (nearest to where
     the caption puts it, when it names a position), or None; each found object serves one."""
     taken: set[int] = set()

@@ -20,7 +20,7 @@ from dataclasses import replace
 from tiny_shapes.captions import Prompt
 from tiny_shapes.dataset import BACKGROUNDS, POSITION_NAMES, SIZES, Scene, is_held_out
 from tiny_shapes.judge import find_objects
-from tiny_shapes.prompt_judge import _match
+from tiny_shapes.prompt_judge import match_objects
 
 
 def drawn_scene(prompt: Prompt, layout: tuple) -> Scene | None:
@@ -48,7 +48,7 @@ def repaired_scene(prompt: Prompt, image) -> Scene | None:
     The noise is then paired with one of the objects the model hedged between: reflow towards a
     single object where the model drew several (``--repair`` of scripts/make_self_pairs.py)."""
     background, objects = find_objects(image)
-    found = _match(prompt, objects, image.size)
+    found = match_objects(prompt, objects, image.size)
     if any(obj is None for obj in found):
         return None
     drawn = []
