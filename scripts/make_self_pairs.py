@@ -69,8 +69,10 @@ def main(argv=None):
                           **kwargs).images
         for i, (prompt, image) in enumerate(zip(chunk, images)):
             result = judge_prompt(prompt, image)
-            scene = drawn_scene(prompt, result["layout"]) if result["all"] else None
-            if scene is None and args.repair and not result["all"]:
+            scene = None
+            if result["all"]:
+                scene = drawn_scene(prompt, result["layout"])
+            elif args.repair:
                 scene = repaired_scene(prompt, image)
                 repaired += scene is not None
             if scene is not None:

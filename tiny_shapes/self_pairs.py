@@ -51,13 +51,10 @@ def repaired_scene(prompt: Prompt, image) -> Scene | None:
     found = match_objects(prompt, objects, image.size)
     if any(obj is None for obj in found):
         return None
-    drawn = []
-    for i, (obj, seen) in enumerate(zip(prompt.scene.objects, found)):
-        values = {attribute: getattr(seen, attribute) for attribute in ("position", "size")
-                  if not prompt.names(i, attribute)}
-        drawn.append(replace(obj, **values))
-    scene = Scene(prompt.scene.background if prompt.background_named else background, tuple(drawn))
-    return scene if is_trainable(scene) else None
+    # the same reading drawn_scene takes from the judge: per object position then size, then the background
+    layout = [getattr(seen, attribute) for i, seen in enumerate(found) for attribute in ("position", "size")
+              if not prompt.names(i, attribute)]
+    return drawn_scene(prompt, tuple(layout) + (() if prompt.background_named else (background,)))
 
 
 def is_trainable(scene: Scene) -> bool:
