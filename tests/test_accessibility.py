@@ -16,7 +16,6 @@ from pathlib import Path
 
 import axe_playwright_python
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from browser_support import CHROMIUM, GALLERY_IMAGES, gallery_sources, wait_for_gallery_images
 from test_browser import app_url, browser, open_page  # noqa: F401 - fixtures shared with test_browser
@@ -142,20 +141,37 @@ def test_axe_finds_no_serious_wcag_violation(open_page, size, color_scheme):
     page.click("#advanced button.label-wrap")
     page.click("#about button.label-wrap")
     page.wait_for_function("document.querySelector('#about-facts')?.innerText.includes('Compile cache')")
-    # the timer's refresh after a run re-renders the figures closed (Gradio replaces the HTML); on a busy
-    # machine it can land just after the click, so open them again, a bounded number of times
-    for _ in range(4):
-        page.click("#speed-figures summary")
-        try:
-            page.wait_for_selector("#speed-figures table", state="visible", timeout=5_000)
-            break
-        except PlaywrightTimeout:
-            continue
+    # the page keeps the figures open through the timer's refresh (test_the_figures_stay_open_...)
+    page.click("#speed-figures summary")
     page.wait_for_selector("#speed-figures table", state="visible", timeout=5_000)
     found["with Advanced, About and the chart's figures open"] = audit(page)
     failures = {state: nodes for state, nodes in found.items() if nodes}
     assert not failures, f"axe-core, {size['width']} px, {color_scheme}:\n" + "\n".join(
         f"  {state}:\n    " + "\n    ".join(nodes) for state, nodes in failures.items())
+    assert blocked == [] and errors == []
+
+
+FIGURE_IMAGES = """() => [...document.querySelectorAll('#speed-figures tbody td:last-child')]
+    .reduce((sum, cell) => sum + Number(cell.textContent), 0)"""
+
+
+def test_the_figures_stay_open_when_a_run_refreshes_them(open_page):
+    """The timer replaces the table's HTML after every run; a visitor who opened it keeps it open."""
+    page, blocked, errors = open_page()
+    generate(page, "a red circle on a white background", 2)  # the page's default count; may compile first
+    generate(page, "a red circle on a white background", 2)  # warm: the chart and its table have figures
+    page.wait_for_function(f"({FIGURE_IMAGES})() >= 2", timeout=30_000)
+    page.click("#speed-figures summary")
+    page.wait_for_selector("#speed-figures table", state="visible", timeout=5_000)
+    counted = page.evaluate(FIGURE_IMAGES)
+    generate(page, "a small blue square at the top left", 2)
+    page.wait_for_function(f"({FIGURE_IMAGES})() >= {counted + 2}", timeout=30_000)  # a new table arrived
+    assert page.evaluate("document.querySelector('details.speed-figures').open")
+    assert page.locator("#speed-figures table").is_visible()
+    page.click("#speed-figures summary")  # closed by the visitor: the next refresh leaves it closed
+    generate(page, "a green triangle", 2)
+    page.wait_for_function(f"({FIGURE_IMAGES})() >= {counted + 4}", timeout=30_000)
+    assert not page.evaluate("document.querySelector('details.speed-figures').open")
     assert blocked == [] and errors == []
 
 

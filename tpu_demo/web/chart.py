@@ -54,6 +54,20 @@ def figures_html(frame: pd.DataFrame) -> str:
             f"<tbody>{rows}</tbody></table></details>")
 
 
+#: runs on page load (``launch(js=...)``): each refresh replaces the table's HTML, which would close a
+#: ``<details>`` the visitor opened; the page remembers that they did and opens the new one too
+KEEP_FIGURES_OPEN_JS = """() => {
+  let open = false;
+  document.addEventListener("toggle", (event) => {
+    if (event.target.matches && event.target.matches("details.speed-figures")) open = event.target.open;
+  }, true);
+  new MutationObserver(() => {
+    const figures = document.querySelector("details.speed-figures");
+    if (open && figures && !figures.open) figures.open = true;
+  }).observe(document.body, {childList: true, subtree: true});
+}"""
+
+
 def speed_plot(runs: RecentRuns, model_id: str) -> gr.BarPlot:
     # one colour: Gradio 6.31 fixes a colour scale's domain at the first frame, often still empty here
     # "-x": strict, optimized, compiled (the labels' reverse alphabet); a data-dependent order would be

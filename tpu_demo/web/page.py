@@ -209,7 +209,7 @@ def example_label(text: str, size: str, images: int, first_bucket: str) -> str:
 
 
 def launch_kwargs() -> dict[str, Any]:
-    """Theme and CSS (Gradio 6 takes them in ``launch``); built-in theme fonts are local."""
+    """Theme, CSS and the page-load script (Gradio 6 takes them in ``launch``); built-in theme fonts are local."""
     css_path = ASSETS_DIR / "style.css"
     theme = gr.themes.Soft(font=[gr.themes.Font("ui-sans-serif"), "system-ui", "sans-serif"],
                            font_mono=[gr.themes.Font("ui-monospace"), "monospace"])
@@ -218,5 +218,5 @@ def launch_kwargs() -> dict[str, Any]:
     # box's "or", the footer) at 2.5:1 and white on the selected radio (primary 500) at 4.46:1
     theme = theme.set(block_label_text_color="*primary_700", block_title_text_color="*primary_700",
                       body_text_color_subdued="*neutral_600", checkbox_label_background_fill_selected="*primary_600")
-    return {"theme": theme,
-            "css": css_path.read_text() if css_path.is_file() else None}
+    return {"theme": theme, "css": css_path.read_text() if css_path.is_file() else None,
+            "js": chart.KEEP_FIGURES_OPEN_JS}
