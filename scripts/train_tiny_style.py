@@ -81,12 +81,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "adapter, no transformer; no training) and record it: what an adapter can reach through this decoder")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="judge the adapter already in --output (no training); its record gets the figures")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="the adapter's strength in the evaluation (the catalog's default_scale for this style)")
+    parser.add_argument("--prompts", choices=("held-out", "tuning"), default="held-out",
+                        help="the evaluation's prompts: held-out triples (the figures), or trained ones (to choose a "
+                             "setting such as --scale without looking at the held-out figures); recorded under "
+                             "'evaluation' or 'tuning_evaluation'")
     args = parser.parse_args(argv)
     batch = [int(b) for b in args.batch.split(",")]
     buckets = len(args.buckets.split(","))
     if len(batch) not in (1, buckets):
         parser.error(f"--batch: one number, or one per --buckets entry ({buckets}); got {args.batch!r}")
     args.batch = batch * buckets if len(batch) == 1 else batch
+    if args.scale != 1.0 and not args.evaluate_only:
+        parser.error("--scale: only with --evaluate-only (a run's own --evaluate judges the adapter as trained, at 1.0)")
     return args
 
 
@@ -175,17 +183,23 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:]))}
 
 
+#: the evaluation's prompt sets: (single-shape, two-shape) scenes
+PROMPT_SETS = {"held-out": (shapes_dataset.held_out_prompts, shapes_dataset.held_out_two_shape_prompts),
+               "tuning": (shapes_dataset.tuning_prompts, shapes_dataset.tuning_two_shape_prompts)}
+
+
 def evaluate_styles(pipe, styles: tuple[str, ...], seed: int = 0, canvases=shapes_dataset.CANVASES,
-                    every: int = 1) -> dict[str, dict]:
-    """Judge ``pipe`` as it is (an adapter loaded or none) on the held-out prompts (``every``-th of
-    them), on ``canvases``: single-shape (110) and two-shape (100) scenes, 12 steps, true CFG 3.0 as
-    the app runs them, each image drawn once and read as each of ``styles``. Per style, bucket and
-    kind: the share with the style applied, with every base attribute right, and with both."""
+                    every: int = 1, prompts: str = "held-out") -> dict[str, dict]:
+    """Judge ``pipe`` as it is (an adapter loaded or none) on the held-out prompts (or the tuning
+    ones; ``every``-th of them), on ``canvases``: single-shape (110) and two-shape (100) scenes, 12
+    steps, true CFG 3.0 as the app runs them, each image drawn once and read as each of ``styles``.
+    Per style, bucket and kind: the share with the style applied, with every base attribute right,
+    and with both."""
     defaults = json.loads((BASE / "demo_defaults.json").read_text())
     figures: dict[str, dict] = {style: {} for style in styles}
+    singles, pairs = PROMPT_SETS[prompts]
     for width, height in canvases:
-        for kind, scenes in (("single", shapes_dataset.held_out_prompts()[::every]),
-                             ("two", shapes_dataset.held_out_two_shape_prompts()[::every])):
+        for kind, scenes in (("single", singles()[::every]), ("two", pairs()[::every])):
             verdicts: dict[str, list] = {style: [] for style in styles}
             for i in range(0, len(scenes), 32):
                 chunk = scenes[i:i + 32]
@@ -207,9 +221,10 @@ def evaluate_styles(pipe, styles: tuple[str, ...], seed: int = 0, canvases=shape
     return figures
 
 
-def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANVASES, every: int = 1) -> dict:
+def evaluate_style(pipe, style: str, seed: int = 0, canvases=shapes_dataset.CANVASES, every: int = 1,
+                   prompts: str = "held-out") -> dict:
     """:func:`evaluate_styles` for the one ``style`` whose adapter ``pipe`` has loaded."""
-    return evaluate_styles(pipe, (style,), seed, canvases, every)[style]
+    return evaluate_styles(pipe, (style,), seed, canvases, every, prompts)[style]
 
 
 def vae_ceiling(vae, style: str, canvases=shapes_dataset.CANVASES, every: int = 1) -> dict[str, dict]:
@@ -252,7 +267,9 @@ def main(argv=None) -> None:
             print(json.dumps(record["vae_ceiling"]), flush=True)
         if args.evaluate_only:
             pipe.load_lora_weights(str(args.output / f"{args.style}.safetensors"), adapter_name=args.style)
-            record["evaluation"] = evaluate_style(pipe, args.style, args.seed)
+            pipe.set_adapters([args.style], [args.scale])
+            key = "evaluation" if args.prompts == "held-out" else "tuning_evaluation"
+            record[key] = {"scale": args.scale, **evaluate_style(pipe, args.style, args.seed, prompts=args.prompts)}
         record_path.write_text(json.dumps(record, indent=1) + "\n")
         return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
@@ -272,7 +289,8 @@ def main(argv=None) -> None:
     print(json.dumps(record["timings"]), flush=True)
     (args.output / f"{args.style}.json").write_text(json.dumps(record, indent=1) + "\n")
     if args.evaluate:
-        record["evaluation"] = evaluate_style(pipe, args.style, args.seed)
+        key = "evaluation" if args.prompts == "held-out" else "tuning_evaluation"
+        record[key] = {"scale": 1.0, **evaluate_style(pipe, args.style, args.seed, prompts=args.prompts)}
         (args.output / f"{args.style}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 

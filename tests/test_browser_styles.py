@@ -13,11 +13,13 @@ from PIL import Image
 
 from browser_support import (CHROMIUM, GALLERY_IMAGES, gallery_sources, guard_network, launch_chromium, start_app,
                              stop_app, wait_for_gallery_images)
+from tpu_demo.core.catalog import get_spec
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason=f"{CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)")
 
 PROMPT = "a large blue circle in the center on a white background"
+DEFAULT_SCALES = {style.name: style.default_scale for style in get_spec("tiny-shapes").styles}
 
 
 def total_compiles(page) -> int:
@@ -55,12 +57,17 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
             # the "Try a style" example sets the prompt and the style together
             page.locator("#style-examples").get_by_text("outline \u00b7 a large blue circle").click()
             page.wait_for_function("document.querySelector('#style input')?.value.startsWith('Outline')")
+            page.wait_for_function("(scale) => Number(document.querySelector('#style-scale input[type=number]').value)"
+                                   " === scale", arg=DEFAULT_SCALES["outline"], timeout=10_000)  # at its strength
             assert page.input_value("#prompt textarea") == PROMPT
             page.uncheck("text=Randomize seed")
             for title, name in (("Outline (only the border of each shape)", "outline"),
                                 ("Striped (bands of background across each shape)", "striped")):
                 page.click("#style input")
                 page.get_by_role("option", name=title).click()
+                # picked by the visitor: the slider moves to that style's own default strength (catalog)
+                page.wait_for_function("(scale) => Number(document.querySelector('#style-scale input[type=number]')"
+                                       ".value) === scale", arg=DEFAULT_SCALES[name], timeout=10_000)
                 earlier = gallery_sources(page)
                 page.click("#generate")
                 wait_for_gallery_images(page, 2, replacing=earlier)  # the page's default: two images

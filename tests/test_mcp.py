@@ -77,7 +77,7 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     assert "64x64" in tiny["buckets"] and tiny["steps"]["min"] >= 1 and set(tiny["warm_buckets"]) == set(models["modes"])
     assert tiny["styles"] == []
     shapes = next(m for m in models["models"] if m["id"] == "tiny-shapes")
-    assert [(s["name"], s["trigger"], s["default_scale"]) for s in shapes["styles"]] == [("outline", "", 1.0),
+    assert [(s["name"], s["trigger"], s["default_scale"]) for s in shapes["styles"]] == [("outline", "", 1.05),
                                                                                        ("striped", "", 1.0)]
     assert shapes["style_scale"] == {"min": 0.0, "max": 2.0} and shapes["styles_refused"] is None
 

@@ -327,9 +327,32 @@ def test_style_training_takes_a_batch_per_bucket(tmp_path):
     assert refused.returncode == 2 and "--batch: one number, or one per --buckets entry (2)" in refused.stderr
 
 
+def test_style_evaluation_takes_a_strength_and_the_tuning_prompts():
+    """``--scale`` judges an adapter at the catalog's strength (only with ``--evaluate-only``: a run's own
+    ``--evaluate`` judges it as trained); ``--prompts tuning`` judges it on trained triples, kept apart from
+    the held-out ones, so a setting can be chosen without the held-out figures deciding it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import train_tiny_style
+    from tiny_shapes.dataset import is_held_out
+
+    args = train_tiny_style.parse_args(["--style", "outline", "--evaluate-only", "--scale", "1.05", "--prompts", "tuning"])
+    assert (args.scale, args.prompts) == (1.05, "tuning")
+    with pytest.raises(SystemExit) as refused:
+        train_tiny_style.parse_args(["--style", "outline", "--scale", "1.05"])
+    assert refused.value.code == 2
+    for name, held_out in (("held-out", True), ("tuning", False)):
+        for prompts in train_tiny_style.PROMPT_SETS[name]:
+            scenes = prompts()
+            assert len(scenes) >= 100
+            assert all(is_held_out(o.colour, o.shape, o.position) == held_out for scene in scenes
+                       for o in scene.objects), name
+
+
 def test_the_shipped_styles_hold_their_figures_on_a_held_out_slice():
     """Every 5th held-out prompt at 64x64 (22 single shapes, 20 two-shape scenes) as the app draws
-    them: each style is applied and every base attribute is right in most images (floors under the
+    them (the catalog's default strength): each style is applied and every base attribute is right in most images (floors under the
     64x64 figures of the README's style table, by a slice's noise: every 10th prompt once gave an
     earlier `striped` 50% two-shape), and the same prompts without an adapter read as neither style, so the
     figure measures the adapter, not the judge. One pipeline, the plain images drawn once."""
@@ -339,10 +362,14 @@ def test_the_shipped_styles_hold_their_figures_on_a_held_out_slice():
     import train_tiny_style
     from tiny_shapes.styles import STYLES
 
+    from tpu_demo.core.catalog import get_spec
+
     pipe = train_tiny_style.load_base(train_tiny_style.BASE)
     plain = train_tiny_style.evaluate_styles(pipe, STYLES, canvases=[(64, 64)], every=5)  # no adapter, read as each
+    scales = {spec.name: spec.default_scale for spec in get_spec("tiny-shapes").styles}
     for style in STYLES:
         pipe.load_lora_weights(str(train_tiny_style.BASE / "styles" / f"{style}.safetensors"), adapter_name=style)
+        pipe.set_adapters([style], [scales[style]])  # the strength the app gives it by default
         styled = train_tiny_style.evaluate_style(pipe, style, canvases=[(64, 64)], every=5)
         pipe.unload_lora_weights()
         for kind, floor in (("single", 0.8), ("two", 0.55)):

@@ -15,7 +15,7 @@ from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools, hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
-from tpu_demo.web.styles import style_controls, style_examples, style_updates
+from tpu_demo.web.styles import default_scale, style_controls, style_examples, style_updates
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
@@ -178,6 +178,10 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     api_visibility="private", queue=False)
         model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],
                     [style, style_scale], api_visibility="private", queue=False)
+        # a style picked by the visitor comes at its own default strength (examples, links and
+        # "Reuse settings" set both, and do not fire .input)
+        style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id), name), [model, style],
+                    [style_scale], api_visibility="private", queue=False, show_progress="hidden")
         restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt,
                     style, style_scale]
         gallery.select(handlers.restore.remember_selection, None, [selected], api_visibility="private", queue=False)
