@@ -183,9 +183,10 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:]))}
 
 
-#: the evaluation's prompt sets: (single-shape, two-shape) scenes
+#: the evaluation's prompt sets: (single-shape, two-shape) scenes, and the key of the record that keeps their figures
 PROMPT_SETS = {"held-out": (shapes_dataset.held_out_prompts, shapes_dataset.held_out_two_shape_prompts),
                "tuning": (shapes_dataset.tuning_prompts, shapes_dataset.tuning_two_shape_prompts)}
+RECORD_KEY = {"held-out": "evaluation", "tuning": "tuning_evaluation"}
 
 
 def evaluate_styles(pipe, styles: tuple[str, ...], seed: int = 0, canvases=shapes_dataset.CANVASES,
@@ -268,8 +269,8 @@ def main(argv=None) -> None:
         if args.evaluate_only:
             pipe.load_lora_weights(str(args.output / f"{args.style}.safetensors"), adapter_name=args.style)
             pipe.set_adapters([args.style], [args.scale])
-            key = "evaluation" if args.prompts == "held-out" else "tuning_evaluation"
-            record[key] = {"scale": args.scale, **evaluate_style(pipe, args.style, args.seed, prompts=args.prompts)}
+            record[RECORD_KEY[args.prompts]] = {"scale": args.scale,
+                                                **evaluate_style(pipe, args.style, args.seed, prompts=args.prompts)}
         record_path.write_text(json.dumps(record, indent=1) + "\n")
         return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
@@ -289,8 +290,7 @@ def main(argv=None) -> None:
     print(json.dumps(record["timings"]), flush=True)
     (args.output / f"{args.style}.json").write_text(json.dumps(record, indent=1) + "\n")
     if args.evaluate:
-        key = "evaluation" if args.prompts == "held-out" else "tuning_evaluation"
-        record[key] = {"scale": 1.0, **evaluate_style(pipe, args.style, args.seed, prompts=args.prompts)}
+        record[RECORD_KEY[args.prompts]] = {"scale": 1.0, **evaluate_style(pipe, args.style, args.seed, prompts=args.prompts)}
         (args.output / f"{args.style}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -352,16 +352,16 @@ def test_style_evaluation_takes_a_strength_and_the_tuning_prompts():
 
 def test_the_shipped_styles_hold_their_figures_on_a_held_out_slice():
     """Every 5th held-out prompt at 64x64 (22 single shapes, 20 two-shape scenes) as the app draws
-    them (the catalog's default strength): each style is applied and every base attribute is right in most images (floors under the
-    64x64 figures of the README's style table, by a slice's noise: every 10th prompt once gave an
-    earlier `striped` 50% two-shape), and the same prompts without an adapter read as neither style, so the
-    figure measures the adapter, not the judge. One pipeline, the plain images drawn once."""
+    them (at the catalog's default strength): each style is applied and every base attribute is right
+    in most images (floors under the 64x64 figures of the README's style table, by a slice's noise:
+    every 10th prompt once gave an earlier `striped` 50% two-shape), and the same prompts without an
+    adapter read as neither style, so the figure measures the adapter, not the judge. One pipeline,
+    the plain images drawn once."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import train_tiny_style
     from tiny_shapes.styles import STYLES
-
     from tpu_demo.core.catalog import get_spec
 
     pipe = train_tiny_style.load_base(train_tiny_style.BASE)
