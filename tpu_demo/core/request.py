@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from tpu_demo.core.buckets import Bucket, BucketError
 from tpu_demo.core.catalog import ModelSpec, get_spec
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, find_style, style_names
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale, style_names
 
 MAX_SEED = 2**32 - 1
 
@@ -158,8 +158,7 @@ def _style(raw: Mapping[str, Any], spec: ModelSpec) -> tuple[str, float]:
         raise RequestError("style", f"must be one of: {offered}, got {_kind(value)}")
     if value not in style_names(spec.styles) and value != "":
         raise RequestError("style", f"{value[:40]!r} is not a style of {spec.id}; choose one of: {offered}")
-    style = find_style(spec.styles, value)
-    scale = _number("style_scale", raw.get("style_scale", style.default_scale if style else 1.0), *STYLE_SCALE_RANGE)
+    scale = _number("style_scale", raw.get("style_scale", default_scale(spec.styles, value)), *STYLE_SCALE_RANGE)
     return ("" if value == NO_STYLE else value), scale
 
 

@@ -59,6 +59,14 @@ def find_style(styles: tuple[StyleSpec, ...], name: str) -> StyleSpec | None:
     return next(style for style in styles if style.name == name)
 
 
+def default_scale(styles: tuple[StyleSpec, ...], name: object) -> float:
+    """The strength a request gets when it names no ``style_scale``: the style's catalog default; 1.0
+    for no style or a name the model does not offer (validation refuses that one, naming the field)."""
+    offered = isinstance(name, str) and name in style_names(styles)
+    style = find_style(styles, name) if offered else None
+    return style.default_scale if style else 1.0
+
+
 def styled_prompt(styles: tuple[StyleSpec, ...], name: str, prompt: str) -> str:
     """The prompt the pipeline gets: the style's trigger words, if any, before the visitor's prompt."""
     style = find_style(styles, name)

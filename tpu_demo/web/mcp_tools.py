@@ -23,7 +23,7 @@ from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, check_model, validate_request
-from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, find_style, style_names
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale
 from tpu_demo.web.outputs import user_error
 
 if TYPE_CHECKING:
@@ -163,13 +163,7 @@ class McpTools:
         return dict(prompt=prompt, model=model, resolution=resolution if resolution not in ("", None) else str(spec.buckets[0]),
                     num_inference_steps=spec.default_steps if steps is None else steps,
                     guidance_scale=spec.default_guidance if guidance is None else guidance,
-                    style=NO_STYLE if style is None else style, style_scale=style_scale if style_scale is not None
-                    else getattr(self._style(spec, style), "default_scale", 1.0))
-
-    @staticmethod
-    def _style(spec: Any, name: Any) -> Any:
-        """The model's style called ``name`` (None for no style or a name it does not offer: validation says so)."""
-        return find_style(spec.styles, name) if isinstance(name, str) and name in style_names(spec.styles) else None
+                    style=NO_STYLE if style is None else style, style_scale=style_scale if style_scale is not None else default_scale(spec.styles, style))
 
     def _keep(self, path: str) -> str:
         return str(self.keeper.move_resource_to_block_cache(path))

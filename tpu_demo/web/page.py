@@ -8,6 +8,7 @@ import gradio as gr
 
 from tpu_demo.core.catalog import ASSETS_DIR
 from tpu_demo.core.request import MAX_SEED
+from tpu_demo.core.styles import default_scale
 from tpu_demo.web import chart
 from tpu_demo.web.about import about_markdown
 from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
@@ -15,7 +16,7 @@ from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools, hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
-from tpu_demo.web.styles import default_scale, style_controls, style_examples, style_updates
+from tpu_demo.web.styles import style_controls, style_examples, style_updates
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
@@ -180,7 +181,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     [style, style_scale], api_visibility="private", queue=False)
         # a style picked by the visitor comes at its own default strength (examples, links and
         # "Reuse settings" set both, and do not fire .input)
-        style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id), name), [model, style],
+        style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id).styles, name), [model, style],
                     [style_scale], api_visibility="private", queue=False, show_progress="hidden")
         restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt,
                     style, style_scale]

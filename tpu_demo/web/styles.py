@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import gradio as gr
 
 from tpu_demo.core.catalog import ModelSpec
-from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, find_style
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale, find_style
 
 if TYPE_CHECKING:
     from tpu_demo.engine.engine import Engine
@@ -33,13 +33,7 @@ def style_updates(engine: "Engine", spec: ModelSpec, style: str = NO_STYLE, scal
     chosen = find_style(spec.styles, style) if style in [name for _, name in choices] else None
     value = chosen.name if chosen else NO_STYLE
     return (gr.update(choices=choices, value=value, info=info, interactive=len(choices) > 1),
-            gr.update(value=default_scale(spec, value) if scale is None else scale))
-
-
-def default_scale(spec: ModelSpec, style: str) -> float:
-    """The strength the catalog gives ``style`` (1.0 for no style or a name ``spec`` does not offer)."""
-    chosen = find_style(spec.styles, style) if style in {s.name for s in spec.styles} else None
-    return chosen.default_scale if chosen else 1.0
+            gr.update(value=default_scale(spec.styles, value) if scale is None else scale))
 
 
 def style_controls(engine: "Engine", spec: ModelSpec) -> tuple[gr.Dropdown, gr.Slider]:
@@ -69,4 +63,4 @@ def caption_part(parameters: Mapping[str, Any]) -> str:
     return f" \u00b7 style {name} {float(parameters.get('style_scale', 1.0)):g}" if name else ""
 
 
-__all__ = ["caption_part", "default_scale", "style_controls", "style_examples", "style_updates"]
+__all__ = ["caption_part", "style_controls", "style_examples", "style_updates"]
