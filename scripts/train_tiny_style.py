@@ -2,7 +2,7 @@
 """Train one tiny style adapter (LoRA on the transformer) for the tiny-shapes default, on CPU.
 
     python scripts/train_tiny_style.py --style outline --seed 0
-    python scripts/train_tiny_style.py --style striped --seed 0
+    python scripts/train_tiny_style.py --style striped --seed 0 --object-weight 8 --neighbour-weight 4
 
 The base weights (``assets/models/tiny-shapes``) stay frozen, text encoders and VAE included: the
 adapter sees the base model's own captions with scenes drawn in the style
@@ -42,6 +42,8 @@ BASE = ROOT / "assets" / "models" / "tiny-shapes"
 #: every style adapts these linear layers of every block (the same set, so styles hot-swap)
 TARGET_MODULES = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                   "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "proj_mlp", "proj_out"]
+#: the layers of the double-stream blocks that see only the caption's tokens (``--layers image`` leaves them out)
+CAPTION_ONLY_MODULES = {"add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "ff_context.net.0.proj", "ff_context.net.2"}
 
 
 #: ``--low-noise-share``'s samples have noise levels below this (the last 5 of the app's 12 steps)
@@ -67,7 +69,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="images per bucket per step: one number, or one per --buckets entry (e.g. 4,3,3,6)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--layers", choices=("all", "image"), default="all",
+                        help="the linear layers adapted: all, or all but the double-stream blocks' caption-only ones "
+                             "(a subset of 'all', so the adapters still hot-swap on one slot)")
     parser.add_argument("--object-weight", type=float, default=4.0)
+    parser.add_argument("--neighbour-weight", type=float, default=1.0,
+                        help="loss weight of the background tokens next to an object's (an extra band or a border "
+                             "drawn past the shape's edge lands there); object tokens weigh --object-weight, the rest 1")
     parser.add_argument("--low-noise-share", type=float, default=0.0,
                         help="share of training samples whose noise level is drawn below 0.4 (where a style's "
                              "fine detail is drawn) instead of over the whole range")
@@ -107,7 +115,7 @@ def load_base(path: Path):
 
 
 def prepare_buckets(pipe, style: str, images: int, seed: int, canvases: list[tuple[int, int]],
-                    object_weight: float = 4.0, two_shape_share: float = 0.6
+                    object_weight: float = 4.0, two_shape_share: float = 0.6, neighbour_weight: float = 1.0
                     ) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
     """Per canvas: packed normalised latents, caption rows, object token weights, image ids; and the
     T5 embeddings and pooled CLIP vectors of every unique caption (row 0: the empty caption)."""
@@ -126,7 +134,11 @@ def prepare_buckets(pipe, style: str, images: int, seed: int, canvases: list[tup
             background = np.array([shapes_dataset.PALETTE[s.background] for _, _, s in bucket], dtype=np.int16)
             on_object = (pixels.astype(np.int16) != background[:, None, None, :]).any(-1)
             cells = on_object.reshape(b, h * 4 // token_pixels, token_pixels, w * 4 // token_pixels, token_pixels)
-            weights = np.where(cells.any((2, 4)).reshape(b, -1), object_weight, 1.0).astype(np.float32)
+            tokens = cells.any((2, 4))  # (b, token rows, token columns): a token with object pixels
+            # an object token and its 8 neighbours: where a band or border drawn past a shape's edge lands
+            around = torch.nn.functional.max_pool2d(torch.from_numpy(tokens).float(), 3, stride=1, padding=1).numpy() > 0
+            weights = np.where(tokens, object_weight, np.where(around, neighbour_weight, 1.0))
+            weights = weights.reshape(b, -1).astype(np.float32)
             buckets.append(dict(packed=pipe._pack_latents(latents, b, c, h, w), weights=torch.from_numpy(weights),
                                 rows=torch.tensor([index[caption] for _, caption, _ in bucket]),
                                 img_ids=pipe._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32)))
@@ -142,7 +154,8 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
     transformer = pipe.transformer
     transformer.requires_grad_(False)
     transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.rank, init_lora_weights="gaussian",
-                                       target_modules=TARGET_MODULES))
+                                       target_modules=[m for m in TARGET_MODULES if args.layers == "all"
+                                                       or m not in CAPTION_ONLY_MODULES]))
     transformer.train()
     params = [p for p in transformer.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -275,7 +288,7 @@ def main(argv=None) -> None:
         return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
     buckets, embeds, pooled = prepare_buckets(pipe, args.style, args.images, args.seed, canvases, args.object_weight,
-                                              args.two_shape_share)
+                                              args.two_shape_share, args.neighbour_weight)
     prepared = time.perf_counter()
     trained = train(pipe, buckets, embeds, pooled, args)
     args.output.mkdir(parents=True, exist_ok=True)

@@ -327,6 +327,36 @@ def test_style_training_takes_a_batch_per_bucket(tmp_path):
     assert refused.returncode == 2 and "--batch: one number, or one per --buckets entry (2)" in refused.stderr
 
 
+def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
+    """The two recipe flags of the measured, unshipped runs (docs/tiny-shapes.md, 'Styles'):
+    ``--neighbour-weight 1`` is the shipped recipe (the same bytes), another weight trains another
+    adapter; ``--layers image`` leaves out every caption-only layer of the double-stream blocks and
+    keeps the rest, so it adapts a subset of a shipped adapter's layers (it would hot-swap on its slot)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    def train(name: str, *flags: str) -> Path:
+        subprocess.run([sys.executable, "scripts/train_tiny_style.py", "--style", "striped", "--output",
+                        str(tmp_path / name), "--images", "4", "--steps", "2", "--batch", "2", "--buckets", "64x64",
+                        "--threads", "1", *flags],
+                       check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+        return tmp_path / name / "striped.safetensors"
+
+    shipped = train("shipped")
+    assert train("one", "--neighbour-weight", "1").read_bytes() == shipped.read_bytes()
+    assert train("four", "--neighbour-weight", "4").read_bytes() != shipped.read_bytes()
+
+    def layers(path: Path) -> set[str]:
+        return {key.split(".lora_")[0] for key in load_file(str(path))}
+
+    every, image = layers(shipped), layers(train("image", "--layers", "image"))
+    caption_only = {key for key in every if any(f".{name}" in key for name in ("add_q_proj", "add_k_proj", "add_v_proj",
+                                                                               "to_add_out", "ff_context."))}
+    assert caption_only and image == every - caption_only
+
+
 def test_style_evaluation_takes_a_strength_and_the_tuning_prompts():
     """``--scale`` judges an adapter at the catalog's strength (only with ``--evaluate-only``: a run's own
     ``--evaluate`` judges it as trained); ``--prompts tuning`` judges it on trained triples, kept apart from
