@@ -328,10 +328,11 @@ def test_style_training_takes_a_batch_per_bucket(tmp_path):
 
 
 def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
-    """The two recipe flags of the measured, unshipped runs (docs/tiny-shapes.md, 'Styles'):
-    ``--neighbour-weight 1`` is the shipped recipe (the same bytes), another weight trains another
-    adapter; ``--layers image`` leaves out every caption-only layer of the double-stream blocks and
-    keeps the rest, so it adapts a subset of a shipped adapter's layers (it would hot-swap on its slot)."""
+    """The two recipe flags of docs/tiny-shapes.md's 'Where the loss looks' (``striped`` ships with
+    ``--neighbour-weight 4``): weight 1 is the default recipe (``outline``'s; the same bytes), another
+    weight trains another adapter; ``--layers image`` leaves out every caption-only layer of the
+    double-stream blocks and keeps the rest, a subset of the default's layers (it would hot-swap on
+    the same slot)."""
     import subprocess
     import sys
 
@@ -344,14 +345,14 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
                        check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
         return tmp_path / name / "striped.safetensors"
 
-    shipped = train("shipped")
-    assert train("one", "--neighbour-weight", "1").read_bytes() == shipped.read_bytes()
-    assert train("four", "--neighbour-weight", "4").read_bytes() != shipped.read_bytes()
+    default = train("default")
+    assert train("one", "--neighbour-weight", "1").read_bytes() == default.read_bytes()
+    assert train("four", "--neighbour-weight", "4").read_bytes() != default.read_bytes()
 
     def layers(path: Path) -> set[str]:
         return {key.split(".lora_")[0] for key in load_file(str(path))}
 
-    every, image = layers(shipped), layers(train("image", "--layers", "image"))
+    every, image = layers(default), layers(train("image", "--layers", "image"))
     caption_only = {key for key in every if any(f".{name}" in key for name in ("add_q_proj", "add_k_proj", "add_v_proj",
                                                                                "to_add_out", "ff_context."))}
     assert caption_only and image == every - caption_only
