@@ -62,9 +62,7 @@ def find_style(styles: tuple[StyleSpec, ...], name: str) -> StyleSpec | None:
 def default_scale(styles: tuple[StyleSpec, ...], name: object) -> float:
     """The strength a request gets when it names no ``style_scale``: the style's catalog default; 1.0
     for no style or a name the model does not offer (validation refuses that one, naming the field)."""
-    offered = isinstance(name, str) and name in style_names(styles)
-    style = find_style(styles, name) if offered else None
-    return style.default_scale if style else 1.0
+    return next((style.default_scale for style in styles if style.name == name), 1.0)
 
 
 def styled_prompt(styles: tuple[StyleSpec, ...], name: str, prompt: str) -> str:

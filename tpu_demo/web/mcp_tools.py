@@ -163,7 +163,8 @@ class McpTools:
         return dict(prompt=prompt, model=model, resolution=resolution if resolution not in ("", None) else str(spec.buckets[0]),
                     num_inference_steps=spec.default_steps if steps is None else steps,
                     guidance_scale=spec.default_guidance if guidance is None else guidance,
-                    style=NO_STYLE if style is None else style, style_scale=style_scale if style_scale is not None else default_scale(spec.styles, style))
+                    style=NO_STYLE if style is None else style,
+                    style_scale=default_scale(spec.styles, style) if style_scale is None else style_scale)
 
     def _keep(self, path: str) -> str:
         return str(self.keeper.move_resource_to_block_cache(path))
