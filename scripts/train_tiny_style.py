@@ -67,6 +67,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch", default="4",
                         help="images per bucket per step: one number, or one per --buckets entry (e.g. 4,3,3,6)")
+    parser.add_argument("--balance-pairs", action="store_true",
+                        help="draw every (colour, shape) pair equally often: by default a pair that trains at 2 "
+                             "positions of 5 (white circles, blue triangles, ...) is 2.5 times rarer "
+                             "(tiny_shapes.dataset.sample_scene)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--layers", choices=("all", "image"), default="all",
@@ -115,11 +119,11 @@ def load_base(path: Path):
 
 
 def prepare_buckets(pipe, style: str, images: int, seed: int, canvases: list[tuple[int, int]],
-                    object_weight: float = 4.0, two_shape_share: float = 0.6, neighbour_weight: float = 1.0
-                    ) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+                    object_weight: float = 4.0, two_shape_share: float = 0.6, neighbour_weight: float = 1.0,
+                    balanced: bool = False) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
     """Per canvas: packed normalised latents, caption rows, object token weights, image ids; and the
     T5 embeddings and pooled CLIP vectors of every unique caption (row 0: the empty caption)."""
-    data = [generate_styled(images, style, seed + k, size, two_shape_share) for k, size in enumerate(canvases)]
+    data = [generate_styled(images, style, seed + k, size, two_shape_share, balanced) for k, size in enumerate(canvases)]
     unique = [""] + sorted({caption for bucket in data for _, caption, _ in bucket})
     index = {caption: i for i, caption in enumerate(unique)}
     with torch.no_grad():
@@ -288,7 +292,7 @@ def main(argv=None) -> None:
         return
     canvases = [tuple(int(v) for v in label.split("x")) for label in args.buckets.split(",")]
     buckets, embeds, pooled = prepare_buckets(pipe, args.style, args.images, args.seed, canvases, args.object_weight,
-                                              args.two_shape_share, args.neighbour_weight)
+                                              args.two_shape_share, args.neighbour_weight, args.balance_pairs)
     prepared = time.perf_counter()
     trained = train(pipe, buckets, embeds, pooled, args)
     args.output.mkdir(parents=True, exist_ok=True)

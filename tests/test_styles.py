@@ -328,11 +328,11 @@ def test_style_training_takes_a_batch_per_bucket(tmp_path):
 
 
 def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
-    """The two recipe flags of docs/tiny-shapes.md's 'Where the loss looks' (``striped`` ships with
+    """The recipe flags of docs/tiny-shapes.md's 'Where the loss looks' (``striped`` ships with
     ``--neighbour-weight 4``): weight 1 is the default recipe (``outline``'s; the same bytes), another
-    weight trains another adapter; ``--layers image`` leaves out every caption-only layer of the
-    double-stream blocks and keeps the rest, a subset of the default's layers (it would hot-swap on
-    the same slot)."""
+    weight trains another adapter, and so does ``--balance-pairs`` (its scenes are drawn otherwise);
+    ``--layers image`` leaves out every caption-only layer of the double-stream blocks and keeps the
+    rest, a subset of the default's layers (it would hot-swap on the same slot)."""
     import subprocess
     import sys
 
@@ -348,6 +348,7 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     default = train("default")
     assert train("one", "--neighbour-weight", "1").read_bytes() == default.read_bytes()
     assert train("four", "--neighbour-weight", "4").read_bytes() != default.read_bytes()
+    assert train("balanced", "--balance-pairs").read_bytes() != default.read_bytes()  # other scenes
 
     def layers(path: Path) -> set[str]:
         return {key.split(".lora_")[0] for key in load_file(str(path))}

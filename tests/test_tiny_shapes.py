@@ -85,6 +85,30 @@ def test_held_out_never_in_training():
     assert not any(sd.is_held_out(o.colour, o.shape, o.position) for s in tuning for o in s.objects)
 
 
+def test_balanced_scenes_draw_every_pair_alike_and_still_no_held_out_triple():
+    """``sample_scene(..., balanced=True)`` (the `striped` adapter's training scenes): no held-out
+    triple, every (colour, shape) pair within a third of the others' count; by default the pairs the
+    held-out rule takes 3 positions from, white circles among them, are several times rarer."""
+    import collections
+    import random
+
+    counts = {}
+    for balanced in (False, True):
+        rng, seen = random.Random(5), collections.Counter()
+        for _ in range(6000):
+            scene = sd.sample_scene(rng, 0.6, balanced)
+            assert not any(sd.is_held_out(o.colour, o.shape, o.position) for o in scene.objects), scene.caption
+            assert len({o.position for o in scene.objects}) == len(scene.objects)
+            assert all(o.colour != scene.background for o in scene.objects)
+            seen.update((o.colour, o.shape) for o in scene.objects)
+        assert len(seen) == len(sd.OBJECT_COLOURS) * len(sd.SHAPES)
+        counts[balanced] = seen
+    assert max(counts[True].values()) / min(counts[True].values()) < 1.35
+    assert max(counts[False].values()) / min(counts[False].values()) > 3
+    assert counts[True][("white", "circle")] > 2 * counts[False][("white", "circle")]
+    assert sd.trained_positions("white", "circle") == 2 and sd.trained_positions("red", "square") == 5
+
+
 def _drawn(draw_shape, blur: float = 0.0):
     """A red figure on white, drawn by ``draw_shape(ImageDraw)``, optionally blurred like a generated edge."""
     from PIL import Image, ImageDraw, ImageFilter

@@ -216,7 +216,18 @@ def render(scene: Scene, rng: random.Random | None = None, size: tuple[int, int]
     return image
 
 
-def _random_object(rng: random.Random, background: str, position: str, size: str) -> ShapeSpec:
+def trained_positions(colour: str, shape: str) -> int:
+    """How many positions a (colour, shape) pair trains at: 5, or 2-3 where the held-out rule takes some."""
+    return sum(not is_held_out(colour, shape, position) for position in POSITION_NAMES)
+
+
+def _random_object(rng: random.Random, background: str, position: str, size: str,
+                   balanced: bool = False) -> ShapeSpec:
+    if balanced:  # each (colour, shape) pair as often as any other, whatever positions and backgrounds it has
+        pairs = [(c, s) for c in OBJECT_COLOURS for s in SHAPES if c != background and not is_held_out(c, s, position)]
+        weights = [1 / trained_positions(c, s) / sum(b != c for b in BACKGROUNDS) for c, s in pairs]
+        colour, shape = rng.choices(pairs, weights=weights)[0]
+        return ShapeSpec(colour, shape, position, size)
     while True:
         colour = rng.choice(OBJECT_COLOURS)
         shape = rng.choice(SHAPES)
@@ -224,17 +235,23 @@ def _random_object(rng: random.Random, background: str, position: str, size: str
             return ShapeSpec(colour, shape, position, size)
 
 
-def sample_scene(rng: random.Random, two_shape_prob: float = 0.25) -> Scene:
-    """One random training scene; never contains a held-out (colour, shape, position) triple."""
+def sample_scene(rng: random.Random, two_shape_prob: float = 0.25, balanced: bool = False) -> Scene:
+    """One random training scene; never contains a held-out (colour, shape, position) triple.
+
+    ``balanced``: every (colour, shape) pair drawn equally often overall; by default a pair that
+    trains at 2 positions of 5 (white circles, blue triangles, ...) is 2.5 times rarer than one that
+    trains at all 5, and white or black ones, never on their own background, 1.5 times rarer still."""
     background = rng.choice(BACKGROUNDS)
     if rng.random() >= two_shape_prob:
-        return Scene(background, (_random_object(rng, background, rng.choice(POSITION_NAMES), rng.choice(SIZES)),))
+        return Scene(background, (_random_object(rng, background, rng.choice(POSITION_NAMES), rng.choice(SIZES),
+                                                 balanced),))
     first, second = rng.sample(POSITION_NAMES, 2)
     if "center" in (first, second):  # a large shape at the centre would overlap a corner one
         sizes = ("small", "small")
     else:
         sizes = (rng.choice(SIZES), rng.choice(SIZES))
-    objects = (_random_object(rng, background, first, sizes[0]), _random_object(rng, background, second, sizes[1]))
+    objects = (_random_object(rng, background, first, sizes[0], balanced),
+               _random_object(rng, background, second, sizes[1], balanced))
     return Scene(background, objects)
 
 

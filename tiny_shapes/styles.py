@@ -99,14 +99,14 @@ def render_styled(scene: Scene, style: str, size: tuple[int, int] = (IMAGE_SIZE,
     return Image.fromarray(pixels)
 
 
-def generate_styled(n: int, style: str, seed: int, size: tuple[int, int], two_shape_prob: float = 0.5
-                    ) -> list[tuple[np.ndarray, str, Scene]]:
+def generate_styled(n: int, style: str, seed: int, size: tuple[int, int], two_shape_prob: float = 0.5,
+                    balanced: bool = False) -> list[tuple[np.ndarray, str, Scene]]:
     """``n`` training examples ``(uint8 image, caption, scene)`` of ``style``, deterministic from ``seed``
     (the base model's training scenes: held-out triples never appear)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        scene = sample_scene(rng, two_shape_prob)
+        scene = sample_scene(rng, two_shape_prob, balanced)
         out.append((np.asarray(render_styled(scene, style, size)), scene.caption, scene))
     return out
 
