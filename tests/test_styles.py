@@ -30,7 +30,8 @@ SHAPE_PROMPT = "a large red square in the center on a white background"
 
 def make_flux_styles(directory: Path, names=("ink", "wash"), rank: int = 4) -> tuple[StyleSpec, ...]:
     """Random LoRA adapters for tiny FLUX's transformer, saved as diffusers' LoRA files (one per name;
-    the second adapts a subset of the first's layers at a smaller rank, as real adapters differ)."""
+    the second adapts a subset of the first's layers at a smaller rank and is stored in float16, as real
+    adapters differ)."""
     from diffusers import FluxPipeline
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
@@ -47,8 +48,10 @@ def make_flux_styles(directory: Path, names=("ink", "wash"), rank: int = 4) -> t
             for param_name, param in transformer.named_parameters():
                 if "lora_" in param_name:
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
-        FluxPipeline.save_lora_weights(directory, transformer_lora_layers=get_peft_model_state_dict(transformer),
-                                       weight_name=f"{name}.safetensors")
+        state_dict = get_peft_model_state_dict(transformer)
+        if k == 1:  # stored narrower than the transformer computes (train_tiny_style.py --save-dtype float16)
+            state_dict = {key: value.half() for key, value in state_dict.items()}
+        FluxPipeline.save_lora_weights(directory, transformer_lora_layers=state_dict, weight_name=f"{name}.safetensors")
         styles.append(StyleSpec(name, name.title(), str(directory / f"{name}.safetensors")))
     return tuple(styles)
 
@@ -331,6 +334,7 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     """The recipe flags of docs/tiny-shapes.md's 'Where the loss looks' (``striped`` ships with
     ``--neighbour-weight 4``): weight 1 is the default recipe (``outline``'s; the same bytes), another
     weight trains another adapter, and so does ``--balance-pairs`` (its scenes are drawn otherwise);
+    ``--save-dtype float16`` saves the same adapter rounded to float16;
     ``--layers image`` leaves out every caption-only layer of the double-stream blocks and keeps the
     rest, a subset of the default's layers (it would hot-swap on the same slot)."""
     import subprocess
@@ -349,6 +353,9 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     assert train("one", "--neighbour-weight", "1").read_bytes() == default.read_bytes()
     assert train("four", "--neighbour-weight", "4").read_bytes() != default.read_bytes()
     assert train("balanced", "--balance-pairs").read_bytes() != default.read_bytes()  # other scenes
+    full, half = load_file(str(default)), load_file(str(train("half", "--save-dtype", "float16")))
+    assert half.keys() == full.keys() and all(half[key].dtype == torch.float16 for key in half)
+    assert all(torch.equal(half[key], full[key].half()) for key in full)  # the same training, rounded once
 
     def layers(path: Path) -> set[str]:
         return {key.split(".lora_")[0] for key in load_file(str(path))}

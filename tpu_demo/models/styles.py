@@ -77,7 +77,10 @@ class StyleAdapters:
             if not path.is_file():
                 raise EngineError(f"style {style.name!r} of {spec.id}: no adapter file at {path}")
             state_dict, alphas = type(pipeline).lora_state_dict(str(path), return_alphas=True)
-            self.state_dicts[style.name] = {**state_dict, **(alphas or {})}
+            # a file may be stored narrower (float16 halves it) than the transformer computes
+            dtype = pipeline.transformer.dtype
+            self.state_dicts[style.name] = {**{key: value.to(dtype) for key, value in state_dict.items()},
+                                            **(alphas or {})}
         # the slot is shaped by the adapter touching the most layers; the others must touch a subset
         self.widest = max(self.state_dicts, key=lambda name: len(_module_keys(self.state_dicts[name])))
         modules = _module_keys(self.state_dicts[self.widest])
