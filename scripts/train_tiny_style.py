@@ -83,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--neighbour-weight", type=float, default=1.0,
                         help="loss weight of the background tokens next to an object's (an extra band or a border "
                              "drawn past the shape's edge lands there); object tokens weigh --object-weight, the rest 1")
+    parser.add_argument("--ema-decay", type=float, default=0.0,
+                        help="keep an exponential moving average of the adapter's weights (diffusers' EMAModel) and "
+                             "save it instead of the last step's; 0: off")
     parser.add_argument("--low-noise-share", type=float, default=0.0,
                         help="share of training samples whose noise level is drawn below 0.4 (where a style's "
                              "fine detail is drawn) instead of over the whole range")
@@ -166,6 +169,11 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
     transformer.train()
     params = [p for p in transformer.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    ema = None
+    if args.ema_decay > 0:
+        from diffusers.training_utils import EMAModel
+
+        ema = EMAModel(params, decay=args.ema_decay)
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     sigmas_table = scheduler.sigmas[: scheduler.config.num_train_timesteps].clone()
     gen = torch.Generator().manual_seed(args.seed)
@@ -195,10 +203,14 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if ema is not None:
+            ema.step(params)
         losses.append(loss.item())
         if step % 50 == 0 or step == args.steps - 1:
             print(json.dumps({"step": step, "loss": round(float(np.mean(losses[-50:])), 5)}), flush=True)
     transformer.eval()
+    if ema is not None:
+        ema.copy_to(params)
     return {"state_dict": get_peft_model_state_dict(transformer),
             "loss_first_50": float(np.mean(losses[:50])), "loss_last_50": float(np.mean(losses[-50:]))}
 

@@ -334,7 +334,8 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     """The recipe flags of docs/tiny-shapes.md's 'Where the loss looks' (``striped`` ships with
     ``--neighbour-weight 4``): weight 1 is the default recipe (``outline``'s; the same bytes), another
     weight trains another adapter, and so does ``--balance-pairs`` (its scenes are drawn otherwise);
-    ``--save-dtype float16`` saves the same adapter rounded to float16;
+    ``--ema-decay`` saves the weights' moving average instead; ``--save-dtype float16`` saves the same
+    adapter rounded to float16;
     ``--layers image`` leaves out every caption-only layer of the double-stream blocks and keeps the
     rest, a subset of the default's layers (it would hot-swap on the same slot)."""
     import subprocess
@@ -353,6 +354,7 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     assert train("one", "--neighbour-weight", "1").read_bytes() == default.read_bytes()
     assert train("four", "--neighbour-weight", "4").read_bytes() != default.read_bytes()
     assert train("balanced", "--balance-pairs").read_bytes() != default.read_bytes()  # other scenes
+    assert train("ema", "--ema-decay", "0.9").read_bytes() != default.read_bytes()  # the average, not the last step
     full, half = load_file(str(default)), load_file(str(train("half", "--save-dtype", "float16")))
     assert half.keys() == full.keys() and all(half[key].dtype == torch.float16 for key in half)
     assert all(torch.equal(half[key], full[key].half()) for key in full)  # the same training, rounded once
