@@ -311,7 +311,8 @@ def main(argv=None) -> None:
     prepared = time.perf_counter()
     trained = train(pipe, buckets, embeds, pooled, args)
     args.output.mkdir(parents=True, exist_ok=True)
-    state_dict = {key: value.to(getattr(torch, args.save_dtype)) for key, value in trained["state_dict"].items()}
+    save_dtype = getattr(torch, args.save_dtype)
+    state_dict = {key: value.to(save_dtype) for key, value in trained["state_dict"].items()}
     type(pipe).save_lora_weights(args.output, transformer_lora_layers=state_dict,
                                  weight_name=f"{args.style}.safetensors")
     finished = time.perf_counter()
@@ -326,7 +327,7 @@ def main(argv=None) -> None:
         with torch.no_grad():
             for name, param in pipe.transformer.named_parameters():
                 if ".lora_" in name:
-                    param.copy_(param.to(getattr(torch, args.save_dtype)))
+                    param.copy_(param.to(save_dtype))
         record[RECORD_KEY[args.prompts]] = {"scale": 1.0, **evaluate_style(pipe, args.style, prompts=args.prompts)}
         (args.output / f"{args.style}.json").write_text(json.dumps(record, indent=1) + "\n")
 
