@@ -44,6 +44,10 @@ TARGET_MODULES = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj"
                   "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "proj_mlp", "proj_out"]
 #: the layers of the double-stream blocks that see only the caption's tokens (``--layers image`` leaves them out)
 CAPTION_ONLY_MODULES = {"add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "ff_context.net.0.proj", "ff_context.net.2"}
+#: the per-token feed-forward layers that see image tokens (``--layers ff``): no attention, no caption-only layer
+FEED_FORWARD_MODULES = {"ff.net.0.proj", "ff.net.2", "proj_mlp", "proj_out"}
+#: ``--layers``: which of TARGET_MODULES an adapter trains (each a subset, so every adapter hot-swaps on one slot)
+LAYER_SETS = {"all": set(TARGET_MODULES), "image": set(TARGET_MODULES) - CAPTION_ONLY_MODULES, "ff": FEED_FORWARD_MODULES}
 
 
 #: ``--low-noise-share``'s samples have noise levels below this (the last 5 of the app's 12 steps)
@@ -76,9 +80,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the saved adapter's dtype: float16 halves the file, so rank 32 fits the 1 MB of issue #37 "
                              "(trained in float32 either way; the app loads it in the transformer's dtype)")
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--layers", choices=("all", "image"), default="all",
-                        help="the linear layers adapted: all, or all but the double-stream blocks' caption-only ones "
-                             "(a subset of 'all', so the adapters still hot-swap on one slot)")
+    parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="all",
+                        help="the linear layers adapted: all, all but the double-stream blocks' caption-only ones "
+                             "(image), or the image tokens' feed-forward layers only (ff); each a subset of 'all', so "
+                             "the adapters still hot-swap on one slot")
+    parser.add_argument("--lora-dropout", type=float, default=0.0,
+                        help="dropout on the adapter's input in training (PEFT's lora_dropout): a regulariser against "
+                             "learning the trained colour-shape-position triples")
     parser.add_argument("--object-weight", type=float, default=4.0)
     parser.add_argument("--neighbour-weight", type=float, default=1.0,
                         help="loss weight of the background tokens next to an object's (an extra band or a border "
@@ -164,8 +172,8 @@ def train(pipe, buckets: list[dict], embeds: torch.Tensor, pooled: torch.Tensor,
     transformer = pipe.transformer
     transformer.requires_grad_(False)
     transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.rank, init_lora_weights="gaussian",
-                                       target_modules=[m for m in TARGET_MODULES if args.layers == "all"
-                                                       or m not in CAPTION_ONLY_MODULES]))
+                                       lora_dropout=args.lora_dropout,
+                                       target_modules=[m for m in TARGET_MODULES if m in LAYER_SETS[args.layers]]))
     transformer.train()
     params = [p for p in transformer.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)

@@ -336,8 +336,10 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     weight trains another adapter, and so does ``--balance-pairs`` (its scenes are drawn otherwise);
     ``--ema-decay`` saves the weights' moving average instead; ``--save-dtype float16`` saves the same
     adapter rounded to float16;
-    ``--layers image`` leaves out every caption-only layer of the double-stream blocks and keeps the
-    rest, a subset of the default's layers (it would hot-swap on the same slot)."""
+    ``--lora-dropout`` trains another adapter on the same layers; ``--layers image`` leaves out every
+    caption-only layer of the double-stream blocks and keeps the rest, and ``--layers ff`` keeps only the
+    image tokens' feed-forward layers: each a subset of the default's layers (it would hot-swap on the
+    same slot)."""
     import subprocess
     import sys
 
@@ -355,6 +357,8 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     assert train("four", "--neighbour-weight", "4").read_bytes() != default.read_bytes()
     assert train("balanced", "--balance-pairs").read_bytes() != default.read_bytes()  # other scenes
     assert train("ema", "--ema-decay", "0.9").read_bytes() != default.read_bytes()  # the average, not the last step
+    dropout = train("dropout", "--lora-dropout", "0.5")
+    assert dropout.read_bytes() != default.read_bytes() and load_file(str(dropout)).keys() == load_file(str(default)).keys()
     full, half = load_file(str(default)), load_file(str(train("half", "--save-dtype", "float16")))
     assert half.keys() == full.keys() and all(half[key].dtype == torch.float16 for key in half)
     assert all(torch.equal(half[key], full[key].half()) for key in full)  # the same training, rounded once
@@ -366,6 +370,10 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     caption_only = {key for key in every if any(f".{name}" in key for name in ("add_q_proj", "add_k_proj", "add_v_proj",
                                                                                "to_add_out", "ff_context."))}
     assert caption_only and image == every - caption_only
+    feed_forward = layers(train("ff", "--layers", "ff"))
+    assert feed_forward < image and all(key.endswith(("ff.net.0.proj", "ff.net.2", "proj_mlp", "proj_out"))
+                                        for key in feed_forward)
+    assert any(key.endswith("proj_mlp") for key in feed_forward) and any(key.endswith("ff.net.2") for key in feed_forward)
 
 
 def test_style_evaluation_takes_a_strength_and_the_tuning_prompts():
