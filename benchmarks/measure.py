@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for a server a measurement starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def median(values: list[float]) -> float:

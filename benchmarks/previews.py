@@ -236,12 +236,12 @@ def app_process(flags: list[str], port: int, timeout: float = 300.0, repo: Path 
 def run(cases: Sequence[PreviewCase], pairs: int, cache_dir: Path, threads: int | None = 1,
         mode: str = "eager", repo: Path | None = None) -> dict[str, Any]:
     """Start an app process per --preview-seconds among ``cases`` and measure each case."""
-    from benchmarks.run import _free_port
+    from benchmarks.measure import free_port
 
     figures = {}
     for rate in dict.fromkeys(case.preview_seconds for case in cases):
         group = [case for case in cases if case.preview_seconds == rate]
-        port = _free_port()
+        port = free_port()
         with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
                 app_process(app_flags(port, cache_dir, group, threads), port, repo=repo,
                             gradio_cache=Path(gradio_cache)) as (url, pid):

@@ -82,9 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tpu-demo")
     parser.add_argument("--app-repo", type=Path, default=None, help="run app.py from another checkout")
     args = parser.parse_args(argv)
-    from benchmarks.run import _free_port
+    from benchmarks.measure import free_port
 
-    port = _free_port()
+    port = free_port()
     case = DEFAULT_CASES[0]  # the embedded default, the page's start model
     with tempfile.TemporaryDirectory(prefix="gradio-cache-") as gradio_cache, \
             app_process(app_flags(port, args.cache_dir, (case,), 1), port, repo=args.app_repo,

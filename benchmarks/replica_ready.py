@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,18 +26,14 @@ from typing import Any
 
 import httpx
 
+from benchmarks.measure import free_port
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_to_ready(cache_dir: Path, flags: list[str], timeout: float) -> dict[str, Any]:
     """Spawn one replica; seconds until /health answers and until /ready answers 200."""
-    port = _free_port()
+    port = free_port()
     # the app points the compile caches into --cache-dir only where the environment does not already
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("TORCHINDUCTOR_", "TORCH_TPU_TIER3"))} | {"PYTHONUNBUFFERED": "1"}

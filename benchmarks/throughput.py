@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_compile_cache(cache_dir)
     import torch
 
-    from benchmarks.run import _free_port
+    from benchmarks.measure import free_port
     from tpu_demo.core.buckets import Bucket
     from tpu_demo.core.modes import ExecutionMode
     from tpu_demo.device import execution_mode, synchronize
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tpu_demo.launch.serve import build_app, launch
     from tpu_demo.web.gradio_queue import set_queue_polling
 
-    port = _free_port()
+    port = free_port()
     flags = ["--port", str(port), "--cache-dir", cache_dir, "--model", args.model, "--models", args.model,
              "--buckets", args.resolution, "--mode", args.mode, "--compile-backend", args.compile_backend,
              "--no-warmup", "--max-batch", str(args.max_batch), "--max-per-ip", "0", "--max-queue", "64",
