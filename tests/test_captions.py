@@ -204,9 +204,7 @@ def test_binding_labels_of_the_grammar_are_the_word_labels_the_shipped_weights_t
     import numpy as np
     import torch
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import train_tiny_model
-
+    from tiny_shapes.flow_training import binding_labels
     from tiny_shapes.model import build_shapes_pipeline
 
     pipe = build_shapes_pipeline(seed=0)
@@ -214,7 +212,7 @@ def test_binding_labels_of_the_grammar_are_the_word_labels_the_shipped_weights_t
     scenes = [sd.sample_scene(rng, 0.5) for _ in range(60)]
     prompts = {s.caption: captions.describe_grammar(s) for s in scenes}
     unique = [""] + sorted(prompts)
-    labels = train_tiny_model.binding_labels(pipe, unique, prompts)
+    labels = binding_labels(pipe, unique, prompts)
     for row, caption in enumerate(unique[1:], start=1):
         expected = torch.full(labels.shape[1:], -100)
         for i, ids in enumerate(sd.word_attributes(sd.parse_caption(caption))):

@@ -4,7 +4,6 @@ real pipeline, and training uses each pair's own noise (never for the empty capt
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 from tiny_shapes import captions
+from tiny_shapes.flow_training import bucket_batch
 from tiny_shapes.dataset import Scene, ShapeSpec, is_held_out
 from tiny_shapes.self_pairs import drawn_scene, is_trainable
 
@@ -57,21 +57,13 @@ def test_readings_training_could_not_draw_are_refused():
     assert not is_trainable(Scene("red", (red_sq,)))  # not a background
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_pairs_noise_is_what_training_starts_its_scene_from():
-    train = _script("train_tiny_model")
     count, first, tokens, channels = 6, 4, 4, 3
     bucket = dict(batch=64, packed=torch.arange(count, dtype=torch.float32).view(count, 1, 1).expand(count, tokens, channels),
                   rows=torch.arange(1, count + 1), token_weights=torch.ones(count, tokens), img_ids=None,
                   fixed_from=first, fixed_noise=100 + torch.randn(count - first, tokens, channels))
     args = Namespace(caption_dropout=0.2, timestep_sampling="uniform")
-    mb = train.bucket_batch(bucket, args, torch.linspace(0.1, 1, 10), torch.Generator().manual_seed(0))
+    mb = bucket_batch(bucket, args, torch.linspace(0.1, 1, 10), torch.Generator().manual_seed(0))
     seen_pair = seen_dropped = False
     for x0, row, noise in zip(mb["x0"], mb["rows"], mb["noise"]):
         index = int(x0[0, 0])

@@ -528,24 +528,21 @@ def test_timestep_sampling_draws_the_noise_levels_it_names():
     """--timestep-sampling: uniform draws the scheduler's own training sigmas (shift applied),
     logit-normal draws sigmoid(N(0, 1)): a third of the samples beyond sigmoid(+-1), where uniform
     puts 54%."""
-    import sys
-
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    sys.path.insert(0, str(MODEL_DIR.parents[2] / "scripts"))
-    import train_tiny_model as train
+    from tiny_shapes.flow_training import sample_sigmas
 
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(MODEL_DIR, subfolder="scheduler")
     table = scheduler.sigmas[: scheduler.config.num_train_timesteps]
-    draw = {kind: train.sample_sigmas(kind, table, 20000, torch.Generator().manual_seed(0))
+    draw = {kind: sample_sigmas(kind, table, 20000, torch.Generator().manual_seed(0))
             for kind in ("uniform", "logit-normal")}
     assert torch.isin(draw["uniform"], table).all()
     tails = {kind: ((s < torch.sigmoid(torch.tensor(-1.0))) | (s > torch.sigmoid(torch.tensor(1.0)))).float().mean()
              for kind, s in draw.items()}
     assert abs(tails["logit-normal"] - 0.317) < 0.02 and abs(tails["uniform"] - 0.54) < 0.03, tails
     assert 0 < draw["logit-normal"].min() and draw["logit-normal"].max() < 1
-    again = train.sample_sigmas("logit-normal", table, 20000, torch.Generator().manual_seed(0))
+    again = sample_sigmas("logit-normal", table, 20000, torch.Generator().manual_seed(0))
     assert torch.equal(again, draw["logit-normal"])
 
 
