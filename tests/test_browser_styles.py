@@ -62,7 +62,7 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
             assert page.input_value("#prompt textarea") == PROMPT
             page.uncheck("text=Randomize seed")
             for title, name in (("Outline (only the border of each shape)", "outline"),
-                                ("Striped (bands of background across each shape)", "striped")):
+                                ("Shaded (each shape lit from above)", "shaded")):
                 page.click("#style input")
                 page.get_by_role("option", name=title).click()
                 # picked by the visitor: the slider moves to that style's own default strength (catalog)
@@ -76,25 +76,25 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
                 assert "compiled first" not in page.inner_text("#gallery")
                 page.wait_for_timeout(1500)  # the panel refreshes every second
                 assert total_compiles(page) == compiled_at_warmup, page.inner_text("#bucket-status")
-            # the link of the second striped image: a new page gets the style too, and the same pixels
+            # the link of the second shaded image: a new page gets the style too, and the same pixels
             original = gallery_pixels(page, 1)
             page.locator(GALLERY_IMAGES).nth(1).click()
             page.click("#copy-link")
             page.wait_for_function("(document.querySelector('#image-link textarea') || {}).value?.startsWith('http')",
                                    timeout=20_000)
             link = page.input_value("#image-link textarea")
-            assert link.endswith("&style=striped&style_scale=1.0") and "mode=compiled" in link, link
+            assert link.endswith("&style=shaded&style_scale=1.0") and "mode=compiled" in link, link
             shared = context.new_page()
             shared.goto(link)
             shared.wait_for_function("(document.querySelector('#link-note') || {}).innerText")
             shared.click("#advanced button.label-wrap")
-            assert shared.input_value("#style input").startswith("Striped")
+            assert shared.input_value("#style input").startswith("Shaded")
             assert float(shared.input_value("#style-scale input[type=number]")) == 1.0
             shared.click("#generate-this")
             wait_for_gallery_images(shared, 1)
             assert np.array_equal(gallery_pixels(shared, 0), original)
             tampered = context.new_page()
-            tampered.goto(link.replace("style=striped", "style=sketch"))
+            tampered.goto(link.replace("style=shaded", "style=sketch"))
             tampered.wait_for_function("(document.querySelector('#link-note') || {}).innerText")
             note = tampered.inner_text("#link-note")
             assert "style: 'sketch' is not a style of tiny-shapes" in note and "Nothing was run" in note

@@ -65,6 +65,6 @@ def test_a_styled_link_carries_its_style_and_a_tampered_style_is_refused_under_i
              "style_scale=strong": "style_scale: must be a number"}
     _assert_refused(query, cases, field_is_parameter=True)
     with pytest.raises(RequestError, match="^style: is given more than once"):
-        links.request_from_link(query + "&style=striped")
+        links.request_from_link(query + "&style=shaded")
     with pytest.raises(RequestError, match="^style: 'outline' is not a style of tiny-flux"):  # the model's own list
         links.request_from_link(links.link_query(dict(request_fields(), style="outline", style_scale=1.0)))

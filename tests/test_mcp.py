@@ -64,7 +64,7 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     assert set(tools["compare_execution_modes"].inputSchema["properties"]) >= {"prompt", "model", "seed", "style",
                                                                                "style_scale"}
     style_doc = schema["properties"]["style"]["description"]
-    assert "tiny-shapes: None, outline (" in style_doc and "striped (" in style_doc and "default 'None'" in style_doc
+    assert "tiny-shapes: None, outline (" in style_doc and "shaded (" in style_doc and "default 'None'" in style_doc
     assert "tiny-flux: None only" in style_doc
     scale_doc = schema["properties"]["style_scale"]["description"]
     assert "0.0-2.0" in scale_doc and "outline 1" in scale_doc and "default" in scale_doc
@@ -78,7 +78,7 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     assert tiny["styles"] == []
     shapes = next(m for m in models["models"] if m["id"] == "tiny-shapes")
     assert [(s["name"], s["trigger"], s["default_scale"]) for s in shapes["styles"]] == [("outline", "", 1.05),
-                                                                                       ("striped", "", 1.0)]
+                                                                                       ("shaded", "", 1.0)]
     assert shapes["style_scale"] == {"min": 0.0, "max": 2.0} and shapes["styles_refused"] is None
 
     result = call(url, "generate_images", dict(prompt="a red circle on a white background", seed=11, num_images=2, **FAST))
@@ -142,8 +142,8 @@ def test_a_styled_generate_names_its_style_in_the_png_and_a_bad_style_names_the_
     assert not np.array_equal(styled, reference(app, seed=5, **shapes))
     assert "&style=outline&style_scale=0.8" in text  # the reproduce link carries it
 
-    default = call(url, "generate_images", dict(shapes, seed=5, style="striped"))  # strength left out: the style's
-    assert not default.isError and "style striped 1" in text_of(default), text_of(default)
+    default = call(url, "generate_images", dict(shapes, seed=5, style="shaded"))  # strength left out: the style's
+    assert not default.isError and "style shaded 1" in text_of(default), text_of(default)
     for arguments, message in ((dict(style="watercolor"), "style: 'watercolor' is not a style of tiny-shapes"),
                                (dict(style="outline", style_scale=2.5), "style_scale: must be from 0.0 to 2.0")):
         bad = call(url, "generate_images", dict(shapes, **arguments))

@@ -77,7 +77,7 @@ def shapes_request(**overrides):
 
 def test_the_catalog_offers_tiny_shapes_styles_as_committed_files():
     styles = CATALOG[SHAPES].styles
-    assert [s.name for s in styles] == ["outline", "striped"]
+    assert [s.name for s in styles] == ["outline", "shaded"]
     from tpu_demo.models.styles import style_path
 
     for style in styles:
@@ -182,8 +182,8 @@ def test_images_of_different_styles_never_share_a_call(make_engine):
 
 
 def test_style_fields_are_validated_naming_the_field():
-    good = validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="striped"))
-    assert good.style == "striped" and good.style_scale == 1.0
+    good = validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="shaded"))
+    assert good.style == "shaded" and good.style_scale == 1.0
     assert validate_request(request_fields(model=SHAPES, guidance_scale=3.0, style="None")).style == ""
     for fields, field in ((dict(style="watercolor"), "style"), (dict(style=3), "style"),
                           (dict(style="outline", style_scale=2.5), "style_scale"),
@@ -280,11 +280,11 @@ def test_the_api_takes_a_style_records_it_in_caption_and_png_and_reuse_restores_
                                   ("outline", 3.0, "style_scale: must be from 0.0 to 2.0")):
         with pytest.raises(Exception, match=message):
             client.predict(*fields, style, scale, api_name="/generate")
-    images, _, figures = client.predict(SHAPE_PROMPT, "", SHAPES, "64x64", 4, 3.0, 5, "striped", 1.0,
+    images, _, figures = client.predict(SHAPE_PROMPT, "", SHAPES, "64x64", 4, 3.0, 5, "shaded", 1.0,
                                         api_name="/compare_modes")
     assert len(images) == 3 and all(run["max_pixel_difference"] <= 8 for run in figures["modes"])
     with Image.open(images[0]["image"]) as png:
-        assert "<lora:striped:1>" in png.text["parameters"]
+        assert "<lora:shaded:1>" in png.text["parameters"]
 
 
 # ---- the tiny styles' training and judge ----------------------------------------------------------
@@ -415,10 +415,10 @@ def test_the_shipped_styles_hold_their_figures_on_a_held_out_slice():
 
     pipe = train_tiny_style.load_base(train_tiny_style.BASE)
     plain = train_tiny_style.evaluate_styles(pipe, STYLES, canvases=[(64, 64)], every=5)  # no adapter, read as each
-    scales = {spec.name: spec.default_scale for spec in get_spec("tiny-shapes").styles}
-    for style in STYLES:
+    for spec in get_spec("tiny-shapes").styles:  # the styles the app offers
+        style = spec.name
         pipe.load_lora_weights(str(train_tiny_style.BASE / "styles" / f"{style}.safetensors"), adapter_name=style)
-        pipe.set_adapters([style], [scales[style]])  # the strength the app gives it by default
+        pipe.set_adapters([style], [spec.default_scale])  # the strength the app gives it by default
         styled = train_tiny_style.evaluate_style(pipe, style, canvases=[(64, 64)], every=5)
         pipe.unload_lora_weights()
         for kind, floor in (("single", 0.8), ("two", 0.55)):
@@ -437,8 +437,10 @@ def test_the_vae_alone_keeps_each_style_and_the_judge_reads_it_back():
     import train_tiny_style
     from diffusers import AutoencoderKL
 
+    from tiny_shapes.styles import STYLES
+
     vae = AutoencoderKL.from_pretrained(train_tiny_style.BASE / "vae").eval()
-    for style in ("outline", "striped"):
+    for style in STYLES:
         ceiling = train_tiny_style.vae_ceiling(vae, style, canvases=[(64, 64)], every=5)
         for kind in ("single", "two"):
             assert ceiling[f"64x64 {kind}"]["both"] >= 0.9, (style, kind, ceiling)
@@ -457,8 +459,8 @@ def test_the_style_judge_reads_drawn_styles_and_not_plain_scenes():
                 verdict = judge_styled(scene, render_styled(scene, style, size), style)
                 assert verdict["style"] and verdict["all"], (style, size, scene.caption)
                 assert not judge_styled(scene, dataset.render(scene, size=size), style)["style"]
-            other = STYLES[1 - STYLES.index(style)]
-            assert not judge_styled(scenes[0], render_styled(scenes[0], other, size), style)["style"]
+            for other in set(STYLES) - {style}:
+                assert not judge_styled(scenes[0], render_styled(scenes[0], other, size), style)["style"], (style, other)
 
 
 def test_the_striped_fit_names_each_shape_and_no_other_figure():

@@ -8,14 +8,18 @@ scripts/train_tiny_style.py) are trained on the same captions as the base weight
   its inside shows the background;
 - ``striped``: horizontal bands of background cut across each shape (4 px bands on a large
   shape, one 5 px band through a small one, the shape's top and bottom rows kept, so its outline
-  is the plain shape's).
+  is the plain shape's);
+- ``shaded``: each shape lit from above, every row of it a mix of its colour with white at the top
+  and with black at the bottom (:data:`SHADE` of white on the first row, of black on the last),
+  so it reads as a solid shape with light falling on it.
 
 The judge (:func:`judge_styled`) answers two questions of a generated image. It first finds the
 scene's objects: regions of pixels clearly off the background (striped: a column's bands joined),
 each named by the object colour most of its pixels are nearest to, the largest as many as the
 caption names. *Style applied*: ``outline``: the inside of each object (its silhouette shrunk by
 the border) is mostly background; ``striped``: some inner row of each object is mostly background
-while rows above and below it are drawn. *Base attributes*: the image is restored to a plain
+while rows above and below it are drawn; ``shaded``: the object's top third is lighter than its bottom
+third by :data:`SHADED_MIN_STEP`. *Base attributes*: the image is restored to a plain
 scene (each object's silhouette, the convex hull of its pixels, painted in its colour: circles,
 squares and triangles are convex, and a ring's breaks or a band's blurred ends do not move the
 hull; for ``striped``, the shape whose exact striped drawing the pixels match, when one does) and
@@ -32,7 +36,7 @@ from PIL import Image, ImageDraw
 from tiny_shapes.dataset import IMAGE_SIZE, OBJECT_COLOURS, PALETTE, SIDE, Scene, layout, sample_scene
 from tiny_shapes.judge import _OBJECT_RGB, _dilate, _nearest, _pixels_and_background, blobs, judge_image
 
-STYLES = ("outline", "striped")
+STYLES = ("outline", "striped", "shaded")
 #: outline: border width in pixels per shape side: the inside of a small shape must stay wide enough
 #: (10 px) for the VAE to keep it open
 BORDER = {14: 3, 26: 4}
@@ -46,6 +50,14 @@ CLOSING = 2
 #: 0.77 at which two shapes' striped drawings in one box overlap (a circle in a square), so one match
 #: never names two shapes (tested)
 STRIPED_MIN_IOU = 0.85
+#: shaded: the share of white mixed into a shape's first row and of black into its last (rows between
+#: linear). 0.25 keeps every row of every colour at least 74 RGB units from each background it is drawn
+#: on (a green shape lit on gray is the closest, then purple and black on gray): the judge's object
+#: pixels are those 60 units off the background
+SHADE = 0.25
+#: shaded: the judge's least luminance step from an object's top third to its bottom third (the
+#: exact drawing's is about 37 on every colour; a plain shape through the VAE shows a few units)
+SHADED_MIN_STEP = 15.0
 
 
 def shape_mask(shape: str, box: tuple[int, int, int, int], size: tuple[int, int]) -> np.ndarray:
@@ -95,8 +107,25 @@ def render_styled(scene: Scene, style: str, size: tuple[int, int] = (IMAGE_SIZE,
         cx, cy, side = layout(obj.position, obj.size, size)
         x0, y0 = cx - side // 2, cy - side // 2
         mask = shape_mask(obj.shape, (x0, y0, x0 + side - 1, y0 + side - 1), size)
-        pixels[styled_mask(style, mask, y0, side)] = PALETTE[obj.colour]
+        if style == "shaded":
+            rows = shaded_rows(PALETTE[obj.colour], y0, side, height)  # (height, 3): each row's colour
+            pixels[mask] = np.broadcast_to(rows[:, None], pixels.shape)[mask]
+        else:
+            pixels[styled_mask(style, mask, y0, side)] = PALETTE[obj.colour]
     return Image.fromarray(pixels)
+
+
+def shade(rgb, amount) -> np.ndarray:
+    """``rgb`` mixed with white by ``amount`` (> 0) or with black by ``-amount`` (< 0); broadcasts."""
+    rgb, amount = np.asarray(rgb, dtype=np.float32), np.asarray(amount, dtype=np.float32)[..., None]
+    return np.where(amount > 0, rgb + amount * (255 - rgb), rgb * (1 + amount))
+
+
+def shaded_rows(rgb, top: int, side: int, height: int) -> np.ndarray:
+    """Each canvas row's colour for a ``shaded`` shape of ``side`` px starting at row ``top``
+    (``(height, 3)`` uint8; rows outside the shape clamp to its first or last)."""
+    t = ((np.arange(height) - top) / max(1, side - 1)).clip(0, 1)
+    return shade(rgb, SHADE * (1 - 2 * t)).round().astype(np.uint8)
 
 
 def generate_styled(n: int, style: str, seed: int, size: tuple[int, int], two_shape_prob: float = 0.5,
@@ -118,7 +147,10 @@ def _objects(image, count: int, style: str) -> tuple[np.ndarray, list[tuple[int,
     pixels, background = _pixels_and_background(image)
     bg = np.array(PALETTE[background], dtype=np.float32)
     far = np.sqrt(((pixels - bg) ** 2).sum(-1)) > 60
-    labels = _nearest(pixels, _OBJECT_RGB)
+    if style == "shaded":  # nearest of each colour's lit and darkened tones, named by that colour
+        labels = _nearest(pixels, _SHADED_RGB.reshape(-1, 3)) // _SHADED_RGB.shape[1]
+    else:
+        labels = _nearest(pixels, _OBJECT_RGB)
     found = []
     joined = far
     if style == "striped":  # a shape's bands, one colour, joined along columns (two objects differ in colour)
@@ -132,6 +164,10 @@ def _objects(image, count: int, style: str) -> tuple[np.ndarray, list[tuple[int,
             found.append((int(np.bincount(labels[drawn], minlength=len(OBJECT_COLOURS)).argmax()), drawn))
     found.sort(key=lambda item: -silhouette(item[1], "outline").sum())
     return pixels, found[:count]
+
+
+#: (colour, tone, RGB): each object colour from lit (SHADE of white) to darkened (SHADE of black)
+_SHADED_RGB = shade(_OBJECT_RGB[:, None], np.linspace(SHADE, -SHADE, 5)[None, :])
 
 
 def _close_columns(mask: np.ndarray, max_gap: int) -> np.ndarray:
@@ -214,13 +250,28 @@ def restore(image, style: str, count: int = 1) -> tuple[Image.Image, list[tuple[
     found = []
     for k, drawn in objects:
         filled = silhouette(drawn, style)
-        restored[filled & ~drawn] = _OBJECT_RGB[k]
+        # a shaded object's own pixels are tones of its colour: the plain scene has the colour itself
+        restored[filled if style == "shaded" else filled & ~drawn] = _OBJECT_RGB[k]
         found.append((drawn, filled))
     return Image.fromarray(restored.clip(0, 255).astype(np.uint8)), found
 
 
-def style_applied(style: str, found: list[tuple[np.ndarray, np.ndarray]]) -> bool:
-    """Whether every object found shows ``style`` (see the module docstring); False when none is found."""
+def shaded_step(pixels: np.ndarray, drawn: np.ndarray, filled: np.ndarray) -> float:
+    """How much lighter an object's drawn pixels are in the top third of its silhouette's rows than in
+    the bottom third (mean luminance, Rec. 601 weights)."""
+    luminance = pixels @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    ys = np.nonzero(filled.any(1))[0]
+    third = max(1, len(ys) // 3)
+    top, bottom = drawn.copy(), drawn.copy()
+    top[ys[third]:], bottom[: ys[-third]] = False, False
+    if not top.any() or not bottom.any():
+        return 0.0
+    return float(luminance[top].mean() - luminance[bottom].mean())
+
+
+def style_applied(style: str, found: list[tuple[np.ndarray, np.ndarray]], pixels: np.ndarray | None = None) -> bool:
+    """Whether every object found shows ``style`` (see the module docstring); False when none is found.
+    ``shaded`` reads the image's ``pixels`` (float RGB)."""
     objects = [(drawn, filled) for drawn, filled in found if filled.sum() >= 24]
     if not objects:
         return False
@@ -229,6 +280,9 @@ def style_applied(style: str, found: list[tuple[np.ndarray, np.ndarray]]) -> boo
             side = max(np.ptp(np.nonzero(filled)[0]), np.ptp(np.nonzero(filled)[1])) + 1
             inside = _erode(filled, BORDER[drawn_side(side)])
             if inside.sum() < 4 or drawn[inside].mean() > 0.5:
+                return False
+        elif style == "shaded":
+            if pixels is None or shaded_step(pixels, drawn, filled) < SHADED_MIN_STEP:
                 return False
         else:
             ys = np.nonzero(filled.any(1))[0]
@@ -245,7 +299,7 @@ def judge_styled(scene: Scene, image, style: str) -> dict[str, bool]:
     """``style`` applied, and the base judge's verdicts on the restored scene (``all``: every base attribute)."""
     restored, found = restore(image, style, len(scene.objects))
     result = judge_image(scene, restored)
-    return {"style": style_applied(style, found), **result}
+    return {"style": style_applied(style, found, _pixels_and_background(image)[0]), **result}
 
 
 __all__ = ["OBJECT_COLOURS", "STYLES", "generate_styled", "judge_styled", "render_styled", "restore", "style_applied"]

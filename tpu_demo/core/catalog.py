@@ -175,12 +175,11 @@ def _buckets(*labels: str) -> tuple[Bucket, ...]:
 #: trained here (scripts/train_tiny_style.py), committed beside the base weights
 _TINY_SHAPES_STYLES = (
     # default_scale: the smallest of 1.0 / 1.05 / 1.1 at which the tuning prompts (trained triples) meet
-    # 90% style / 90% attributes in every bucket (docs/tiny-shapes.md#styles-outline-and-striped-lora-adapters-hot-swapped)
+    # 90% style / 90% attributes in every bucket (docs/tiny-shapes.md#styles-outline-and-shaded-lora-adapters-hot-swapped)
     StyleSpec("outline", "Outline (only the border of each shape)", "assets:models/tiny-shapes/styles/outline.safetensors",
               default_scale=1.05, example="a large blue circle in the center on a white background"),
-    StyleSpec("striped", "Striped (bands of background across each shape)",
-              "assets:models/tiny-shapes/styles/striped.safetensors",
-              example="a large red square at the top-left and a large green circle at the bottom-right on a white background"),
+    StyleSpec("shaded", "Shaded (each shape lit from above)", "assets:models/tiny-shapes/styles/shaded.safetensors",
+              example="a large orange circle at the top-left and a large blue square at the bottom-right on a white background"),
 )
 
 _REAL_BUCKETS = _buckets("1024x1024", "1152x896", "896x1152", "1344x768", "768x1344")
