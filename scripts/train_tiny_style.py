@@ -2,6 +2,7 @@
 """Train one tiny style adapter (LoRA on the transformer) for the tiny-shapes default, on CPU.
 
     python scripts/train_tiny_style.py --style outline --seed 0
+    python scripts/train_tiny_style.py --style shaded --seed 0
     python scripts/train_tiny_style.py --style striped --seed 1 --object-weight 8 --neighbour-weight 4 \
         --balance-pairs --two-shape-share 0.8 --lora-dropout 0.1
 
