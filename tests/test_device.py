@@ -75,3 +75,19 @@ print("result", device._detect_tpu(ChipsVisible()), device._detect_tpu(ScanFails
     assert "tpu_demo.device WARNING 4 TPU chip(s) visible but torch-tpu did not start (" in log, log[-2000:]
     assert "serving on CUDA/CPU" in log
     assert "TPU detection failed (torch-tpu hardware scan raised OSError: permission denied: /sys/bus/pci)" in log
+
+
+def test_device_tpu_fails_hard_where_no_tpu_starts():
+    """``python app.py --device tpu`` on this host (no chips): exit status 2 and one line saying why,
+    before any port is opened; never a CPU server that looks like a slow TPU."""
+    from conftest import free_port
+
+    port = free_port()
+    out = subprocess.run([sys.executable, "app.py", "--device", "tpu", "--port", str(port), "--no-warmup"],
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert ("app.py: error: --device tpu: no TPU started (torch-tpu's PCI scan found no TPU chips on this host)"
+            in out.stderr), out.stderr[-2000:]
+    assert "Running on" not in out.stdout + out.stderr
+    assert detect_device("cpu").kind == "cpu"

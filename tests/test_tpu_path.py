@@ -75,12 +75,16 @@ def test_detection_picks_the_tpu_when_torch_tpu_reports_chips(tpu):
 
 
 def test_detection_falls_back_to_cpu_when_the_runtime_refuses(monkeypatch):
-    from tpu_demo.device import detect_device
+    from tpu_demo.device import DeviceUnavailable, detect_device
 
     tpu = TpuStandIn(chips=4, ready=False).install(monkeypatch)
     assert detect_device().kind == "cpu"
     assert "torch_tpu._loader.load" in tpu.names()  # it tried
     assert detect_device("cpu").kind == "cpu"
+    # asked for the TPU by name (--device tpu), it refuses to serve on anything else and says why
+    with pytest.raises(DeviceUnavailable, match=r"^--device tpu: no TPU started \(4 TPU chip\(s\) visible but "
+                                                r"torch-tpu did not start: "):
+        detect_device("tpu")
 
 
 # ---- seed: eager mode, FLUX.1-schnell with enable_model_cpu_offload() ---------------------

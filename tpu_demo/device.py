@@ -127,15 +127,28 @@ def _load_torch_tpu() -> str | None:
     return None
 
 
-def detect_device(preferred: str | None = None) -> DeviceInfo:
-    """Detect TPU (torch-tpu present and chips visible), else CUDA, else CPU; never raises.
+class DeviceUnavailable(RuntimeError):
+    """``--device tpu`` / ``--device cuda`` asked for a device this host cannot start; the message says why."""
 
-    ``preferred`` ("tpu", "cuda", "cpu") restricts detection, e.g. to force CPU on a TPU host.
+
+def detect_device(preferred: str | None = None) -> DeviceInfo:
+    """Detect TPU (torch-tpu present and chips visible), else CUDA, else CPU.
+
+    ``preferred`` ("tpu", "cuda", "cpu") restricts detection to that device: "cpu" forces CPU on
+    any host; "tpu" or "cuda" raises DeviceUnavailable (naming the reason) when that device does
+    not start, instead of serving on another one. Without ``preferred`` it never raises.
     """
     hardware = _torch_tpu_hardware()
-    if preferred == "tpu" and hardware is None:
-        log.warning("TPU requested but torch-tpu is not importable here; falling back to CUDA/CPU")
-    if preferred in (None, "tpu") and hardware is not None:
+    if preferred == "tpu":
+        if hardware is None:
+            raise DeviceUnavailable("--device tpu: torch-tpu is not importable here (pip install torch-tpu on "
+                                    "a TPU VM; docs/tpu-host.md)")
+        reasons: list[str] = []
+        tpu = _detect_tpu(hardware, reasons)
+        if tpu is None:
+            raise DeviceUnavailable(f"--device tpu: no TPU started ({'; '.join(reasons) or 'unknown reason'})")
+        return tpu
+    if preferred is None and hardware is not None:
         tpu = _detect_tpu(hardware)
         if tpu is not None:
             return tpu
@@ -146,19 +159,24 @@ def detect_device(preferred: str | None = None) -> DeviceInfo:
             name=torch.cuda.get_device_name(0),
             memory_bytes_per_device=torch.cuda.get_device_properties(0).total_memory,
         )
+    if preferred == "cuda":
+        raise DeviceUnavailable("--device cuda: torch.cuda.is_available() is False on this host")
     return DeviceInfo(kind="cpu", count=1, name="CPU", memory_bytes_per_device=_system_memory_bytes())
 
 
-def _detect_tpu(hardware) -> DeviceInfo | None:
+def _detect_tpu(hardware, reasons: list[str] | None = None) -> DeviceInfo | None:
     """The TPU when chips are visible and torch-tpu starts on them; a failure is logged with its reason
-    (a TPU host that silently served on CPU would look like a slow TPU)."""
+    (a TPU host that silently served on CPU would look like a slow TPU) and appended to ``reasons``."""
+    reasons = [] if reasons is None else reasons
     try:
         chips = hardware.get_tpu_device_count()
     except Exception as error:  # noqa: BLE001 - a scanner failure must not stop the app
+        reasons.append(f"torch-tpu's hardware scan raised {type(error).__name__}: {error}")
         log.warning("TPU detection failed (torch-tpu hardware scan raised %s: %s); serving on CUDA/CPU",
                     type(error).__name__, error)
         return None
     if chips <= 0:
+        reasons.append("torch-tpu's PCI scan found no TPU chips on this host")
         return None  # no chips: the normal case off TPU hosts, nothing to report
     ready, why = _tpu_runtime_ready()
     if not ready:
@@ -166,6 +184,7 @@ def _detect_tpu(hardware) -> DeviceInfo | None:
         ready, why = _tpu_runtime_ready()
         why = load_error or why
     if not ready:
+        reasons.append(f"{chips} TPU chip(s) visible but torch-tpu did not start: {why}")
         log.warning("%d TPU chip(s) visible but torch-tpu did not start (%s); serving on CUDA/CPU", chips, why)
         return None
     try:
@@ -173,6 +192,7 @@ def _detect_tpu(hardware) -> DeviceInfo | None:
                           memory_bytes_per_device=hardware.get_hbm_bytes_per_device(), host_chips=chips,
                           chip_index=pinned_chip())
     except Exception as error:  # noqa: BLE001
+        reasons.append(f"reading the chips raised {type(error).__name__}: {error}")
         log.warning("TPU detection failed reading the chips (%s: %s); serving on CUDA/CPU", type(error).__name__, error)
         return None
 

@@ -143,7 +143,8 @@ class AppConfig:
     cache_dir: Path | None = flag(None, "where built tiny models and compile caches live (default ~/.cache/tpu-demo)",
                                   Path)
     threads: int | None = flag(None, "torch CPU threads (default: torch's choice)", _positive_int)
-    device: str | None = flag(None, "restrict device detection (default: tpu, then cuda, then cpu)",
+    device: str | None = flag(None, "use only this device; tpu or cuda exits with an error naming the reason when "
+                              "it does not start, never serving on another (default: tpu, then cuda, then cpu)",
                               _choice(["tpu", "cuda", "cpu"]))
     preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
     preview_seconds: float = flag(0.25, "and at most one preview per this many seconds, counted from the image's "
