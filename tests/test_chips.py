@@ -18,13 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+from itertools import combinations
+
 import httpx
 import pytest
 from gradio_client import Client
 
 from conftest import free_port, request_fields
 from tpu_standin import TpuStandIn
+from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS, Placement
 from tpu_demo.launch.chips import ENGINES, TENSOR_PARALLEL, ChipsError, Host, plan_chips
+from tpu_demo.models.placement_plan import CHIP_COUNTS, TPU_CHIPS, plan_serving
 
 REPO = Path(__file__).resolve().parents[1]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -35,9 +39,14 @@ def test_the_plan_uses_every_chip():
     plan = plan_chips("all", V6E, ["flux.1-schnell", "sd3.5-medium"])
     assert (plan.layout, plan.count) == (ENGINES, 4)  # both fit one v6e chip: four independent engines
     assert plan.serving == {"flux.1-schnell": "resident, one engine per chip", "sd3.5-medium": "whole, one engine per chip"}
-    eight = plan_chips("all", Host("tpu", 8, "TPU v6e", 32.0), ["flux.2-dev", "flux.1-schnell", "sd3.5-medium"])
-    # FLUX.2-dev fits no single chip: one group over the 8, offering what can be sharded (SD3 has no TP plan)
+    eight = plan_chips("all", Host("tpu", 8, "TPU v6e", 32.0), ["flux.2-dev", "flux.1-schnell"])
+    # FLUX.2-dev fits no single chip: one group over the 8, and FLUX.1 (which can be sharded) joins it
     assert (eight.layout, eight.count, eight.models) == (TENSOR_PARALLEL, 8, ("flux.2-dev", "flux.1-schnell"))
+    # SD3.5 has no tensor-parallel plan: it cannot join that group, and the plan says so instead of dropping it
+    with pytest.raises(ChipsError) as refused:
+        plan_chips("all", Host("tpu", 8, "TPU v6e", 32.0), ["flux.2-dev", "flux.1-schnell", "sd3.5-medium"])
+    assert "- sd3.5-medium: flux.2-dev fits no single chip, so the 8 chips form one tensor-parallel group" in str(refused.value)
+    assert "--models flux.2-dev,flux.1-schnell" in str(refused.value) and "v5p x 8" in str(refused.value)
     assert plan_chips("2", Host("cpu", 0, "CPU"), ["tiny-flux"]).count == 2
     with pytest.raises(ChipsError, match="no TPU chips"):
         plan_chips("all", Host("cpu", 0, "CPU"), ["tiny-flux"])
@@ -45,6 +54,43 @@ def test_the_plan_uses_every_chip():
         plan_chips("8", V6E, ["sd3.5-medium"])
     with pytest.raises(ChipsError, match="flux.2-dev"):
         plan_chips("all", V6E, ["flux.2-dev"])  # 4 v6e chips cannot hold it even sharded
+
+
+OFFERED_SETS = [models for size in range(1, len(REAL_MODEL_IDS) + 1) for models in combinations(REAL_MODEL_IDS, size)]
+
+
+@pytest.mark.parametrize("chip,count", [(chip, count) for chip in TPU_CHIPS for count in CHIP_COUNTS])
+def test_every_row_of_the_placement_table_serves_every_offered_model_or_refuses_naming_it(chip, count):
+    """Each TPU and chip count of docs/placements.md, each set of real models offered: ``--chips all``
+    serves every one of them in the way the table says, or refuses with one message that names exactly
+    the models it cannot serve and, for each, the options. Nothing is left out silently."""
+    host = Host("tpu", count, f"TPU {chip}", TPU_CHIPS[chip])
+    table_rows = {line.split(" | ")[0].lstrip("| "): line for line in
+                  (REPO / "docs" / "placements.md").read_text().splitlines() if line.startswith(f"| {chip} ")}
+    for models in OFFERED_SETS:
+        servings = {model: plan_serving(CATALOG[model], TPU_CHIPS[chip], count) for model in models}
+        try:
+            plan = plan_chips("all", host, models)
+        except ChipsError as error:
+            message = str(error)
+            named = [line[2:].split(":")[0] for line in message.splitlines() if line.startswith("- ")]
+            assert named, message
+            for model in named:  # each refused model: why, and at least one thing the operator can do
+                [line] = [line for line in message.splitlines() if line.startswith(f"- {model}: ")]
+                assert "Options: " in line and line.split("Options: ")[1].strip(". "), line
+            # refused exactly the models the table says do not fit, or cannot join the group another one needs
+            needs_group = any(s is not None and s.chips_per_engine > 1 for s in servings.values())
+            expected = [m for m in models if servings[m] is None or
+                        (needs_group and Placement.TENSOR_PARALLEL not in CATALOG[m].placements)]
+            assert named == expected, (models, message)
+            assert message.startswith(f"--chips all on {count} x TPU {chip}")
+            continue
+        assert plan.models == models and set(plan.serving) == set(models)  # every offered model, none dropped
+        row = table_rows[f"{chip} ({TPU_CHIPS[chip]:.0f} GB) x {count}"]
+        for model in models:
+            assert servings[model] is not None and servings[model].describe() in row  # what the table says
+            assert plan.layout == (TENSOR_PARALLEL if any(s.chips_per_engine > 1 for s in servings.values())
+                                   else ENGINES)
 
 
 def test_each_engine_process_is_pinned_to_its_own_chip(monkeypatch):

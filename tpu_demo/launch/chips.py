@@ -9,7 +9,10 @@ TPU chip of this host) or ``--chips N``:
   visitors). No collective joins them, so N chips serve N visitors at once. Off TPU the same
   command runs N engines on loopback (CPU: N replicas sharing the host's cores).
 - some offered model fits no single chip: **one tensor-parallel group** over the chips
-  (``scripts/serve_tp.sh N``, as before), offering the models that can be sharded.
+  (``scripts/serve_tp.sh N``), which every offered model must be able to join.
+
+Either every offered model is served, or ``plan_chips`` refuses with one message naming each model
+that cannot be served there and the options; it never leaves a model out.
 
 Pure planning: no process is started and no chip is opened here (the PCI scan only).
 """
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tpu_demo.core.catalog import CATALOG, Placement
-from tpu_demo.models.placement_plan import plan_serving
+from tpu_demo.models.placement_plan import CHIP_COUNTS, TPU_CHIPS, Serving, plan_serving
 
 ENGINES = "one engine per chip"
 TENSOR_PARALLEL = "tensor parallel"
@@ -72,7 +75,11 @@ chip_count.choices = ("all", "N")  # type: ignore[attr-defined]
 
 
 def plan_chips(requested: str, host: Host, models: Sequence[str]) -> ChipsPlan:
-    """The layout for ``--chips requested`` on ``host`` offering ``models``; ChipsError if none works."""
+    """The layout for ``--chips requested`` on ``host`` serving every one of ``models``.
+
+    ChipsError when no layout serves them all: the message names each model that cannot be served
+    there and the options (fewer models, tensor parallel over more chips, another host). A model is
+    never left out of the plan silently."""
     if requested == "all" and host.kind != "tpu":
         raise ChipsError("--chips all: no TPU chips on this host; give a number (--chips 2) to run that many "
                          "engines on loopback")
@@ -81,15 +88,59 @@ def plan_chips(requested: str, host: Host, models: Sequence[str]) -> ChipsPlan:
         raise ChipsError(f"--chips {count}: this host has {host.chips} {host.name} chips")
     if host.kind != "tpu":
         return ChipsPlan(ENGINES, count, tuple(models), host, {model: "whole, one engine each" for model in models})
-    serving = {model: plan_serving(CATALOG[model], host.chip_gb, count) for model in models}
-    too_big = [model for model, plan in serving.items() if plan is None]
-    if too_big:
-        raise ChipsError(f"--chips {requested}: {', '.join(too_big)} fit(s) neither one {host.name} chip nor "
-                         f"{count} of them sharded (docs/placements.md); leave it out of --models")
-    sharded = [model for model, plan in serving.items() if plan.chips_per_engine > 1]
+    serving, sharded, unserved = _serving(host, count, models)
+    if unserved:
+        raise ChipsError(refusal(requested, host, count, tuple(models), unserved))
     if not sharded:
         return ChipsPlan(ENGINES, count, tuple(models), host, {m: p.describe() for m, p in serving.items()})
-    # a model no single chip holds: the chips form one tensor-parallel group for every shardable model
-    shardable = tuple(m for m in models if Placement.TENSOR_PARALLEL in CATALOG[m].placements)
-    return ChipsPlan(TENSOR_PARALLEL, count, shardable, host,
-                     {m: f"tensor-parallel over {count} chips" for m in shardable})
+    return ChipsPlan(TENSOR_PARALLEL, count, tuple(models), host,
+                     {m: f"tensor-parallel over {count} chips" for m in models})
+
+
+def _serving(host: Host, count: int, models: Sequence[str]) -> tuple[dict, list[str], dict[str, str]]:
+    """(each model's Serving, the models that need sharding, model -> why it cannot be served) on ``count`` chips."""
+    serving = {model: plan_serving(CATALOG[model], host.chip_gb, count) for model in models}
+    sharded = [model for model, plan in serving.items() if plan is not None and plan.chips_per_engine > 1]
+    # a model no single chip holds makes the chips one tensor-parallel group, which serves only shardable models
+    unserved = {model: _why_not(model, plan, sharded, host, count) for model, plan in serving.items()
+                if plan is None or (sharded and Placement.TENSOR_PARALLEL not in CATALOG[model].placements)}
+    return serving, sharded, unserved
+
+
+def _why_not(model: str, serving: Serving | None, sharded: list[str], host: Host, count: int) -> str:
+    if serving is None:
+        return (f"it does not fit one {host.name} chip" if count == 1 else
+                f"it fits neither one {host.name} chip nor {count} of them sharded")
+    verb = "fits" if len(sharded) == 1 else "fit"
+    return (f"{', '.join(sharded)} {verb} no single chip, so the {count} chips form one tensor-parallel group, "
+            f"and {model} has no tensor-parallel plan")
+
+
+def hosts_serving_all(models: Sequence[str], count: int) -> list[str]:
+    """Hosts of the placement table with ``count`` chips on which ``--chips all`` serves every one of ``models``."""
+    return [f"{chip} x {count}" for chip, gb in TPU_CHIPS.items()
+            if not _serving(Host("tpu", count, f"TPU {chip}", gb), count, models)[2]]
+
+
+def refusal(requested: str, host: Host, count: int, models: tuple[str, ...], unserved: dict[str, str]) -> str:
+    """One message: which offered models this host cannot serve, why, and what the operator can do."""
+    lines = [f"--chips {requested} on {count} x {host.name} ({host.chip_gb:.0f} GB each) cannot serve every "
+             f"offered model ({', '.join(models)}):"]
+    for model, why in unserved.items():
+        spec = CATALOG[model]
+        options = []
+        others = [m for m in models if m not in unserved]
+        if others:
+            options.append(f"offer fewer models (--models {','.join(others)})")
+        if not why.startswith("it "):  # it fits here, only not in the group the others need
+            options.append(f"serve {model} on its own (--models {model}: one engine per chip)")
+        more = next((n for n in CHIP_COUNTS if n > count and Placement.TENSOR_PARALLEL in spec.placements
+                     and plan_serving(spec, host.chip_gb, n) is not None), None)
+        if more is not None:
+            options.append(f"tensor parallel over {more} chips of this kind (a host with {more})")
+        lines.append(f"- {model}: {why}. Options: {'; '.join(options) or 'another host'}.")
+    hosts = hosts_serving_all(models, count)
+    lines.append(f"Another host serves all of them: {', '.join(hosts)}." if hosts else
+                 f"No host of {count} chips in the placement table serves all of them: split them over hosts.")
+    lines.append("Each model's placement per TPU and chip count: docs/placements.md.")
+    return "\n".join(lines)

@@ -18,8 +18,10 @@ from tpu_demo.core.catalog import ModelSpec, Placement
 #: Keep this share of device memory free for activations, the VAE decode and the compiler.
 MEMORY_HEADROOM = 0.85
 
-#: The chips of the placement table: name -> HBM per chip in GB (Cloud TPU's published figures).
-TPU_CHIPS: dict[str, float] = {"v5e": 16.0, "v6e": 32.0, "v5p": 95.0}
+#: The chips of the placement table: name -> HBM one engine addresses, in GB (Cloud TPU's published
+#: figures; a v7x chip's 192 GB is split between its 2 TensorCore devices, and an engine uses one device,
+#: as torch-tpu's ``hardware.get_hbm_bytes_per_device`` counts it).
+TPU_CHIPS: dict[str, float] = {"v5e": 16.0, "v6e": 32.0, "v5p": 95.0, "v7x": 96.0}
 CHIP_COUNTS: tuple[int, ...] = (1, 4, 8)
 
 #: Components that stay on the chip under the resident placement; text encoders stay on the host.
