@@ -1,5 +1,6 @@
 """Entry point: `python app.py [--port 7860] [--model tiny-flux] ...`; see `python app.py --help`."""
 
+import os
 import sys
 
 from tpu_demo.engine.compile_cache import use_compile_cache
@@ -7,6 +8,12 @@ from tpu_demo.launch.config import parse_config
 
 if __name__ == "__main__":
     config = parse_config(sys.argv[1:])
+    if config.check:
+        # the check reads the chips with the PCI scan; it must not start torch-tpu's runtime and hold them
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+        from tpu_demo.launch.check import main as check
+
+        sys.exit(check(config))
     if config.chips and not config.tensor_parallel:
         # the launcher of one engine per chip: it must not import torch (torch-tpu would hold the chips)
         from tpu_demo.launch.fleet import main as serve_chips

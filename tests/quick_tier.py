@@ -28,7 +28,8 @@ QUICK_TIER: dict[str, tuple[str, ...]] = {
                "test_styles.py::test_images_of_different_styles_never_share_a_call"),
     "launch": ("test_buckets_and_config.py::test_flags_and_environment",
                "test_buckets_and_config.py::test_bad_flag_exits_2_with_one_line",
-               "test_tensor_parallel.py::test_tensor_parallel_flags_and_environment"),
+               "test_tensor_parallel.py::test_tensor_parallel_flags_and_environment",
+               "test_check.py::test_check_on_this_cpu_host_prints_the_cpu_plan_and_exits_0"),
     # the one real app start: python app.py's composition on loopback, a generation through the API
     "web": ("test_app.py::test_generate_streams_one_gallery_update_per_image",
             "test_web_units.py::test_warmup_throttle_allows_one_per_address_per_interval",

@@ -95,6 +95,15 @@ def scan_tpu_chips() -> tuple[int, str, int | None]:
         return 0, "", None
 
 
+def devices_per_chip() -> int:
+    """Devices one chip exposes to a process (torch-tpu's scan: 2 on v7, else 1); 1 without torch-tpu."""
+    hardware = _torch_tpu_hardware()
+    try:
+        return int(getattr(hardware, "get_devices_per_chip", lambda: 1)() or 1)
+    except Exception:  # noqa: BLE001 - an unknown generation counts as one device per chip
+        return 1
+
+
 def _torch_tpu_hardware():
     """torch-tpu's PCI scanner (reads /sys only, starts no runtime), or None without torch-tpu."""
     try:

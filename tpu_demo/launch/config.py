@@ -181,6 +181,10 @@ class AppConfig:
                              "engine per chip behind nginx on --host/--port when every offered model fits one chip, "
                              "else one tensor-parallel group over them (docs/scaling.md#every-chip-of-one-host); "
                              "off TPU, N engines on loopback", chip_count)
+    check: bool = flag(False, "check this host and exit, loading no weights: device, chips and HBM, torch / "
+                       "torch-tpu / libtpu versions, each offered model's placement and whether its weights are "
+                       "complete, disk free, a pinning probe per chip, the processes and ports the command (with "
+                       "--chips) would start; exit 1 naming every problem", None)
     tensor_parallel: bool = flag(False, "one rank of a tensor-parallel group started by torchrun "
                                  "(use scripts/serve_tp.sh N); rank 0 serves the UI", None)
     tp_timeout: float = flag(60.0, "seconds a tensor-parallel rank may lag beyond the expected step time before "

@@ -90,6 +90,11 @@ def engine_ports(port: int, count: int) -> list[int]:
     return ports
 
 
+def nginx_binary() -> str | None:
+    """Debian's nginx (on PATH or /usr/sbin, which a non-root PATH may lack), or None."""
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
 def nginx_files(workdir: Path, host: str, port: int) -> Path:
     """deploy/nginx/tpu-demo.conf listening on host:port, in an nginx.conf of its own (no root needed)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +140,7 @@ def main(argv: Sequence[str], config: AppConfig) -> int:
 
 def run_engines(plan: ChipsPlan, config: AppConfig, engine_argv: list[str]) -> int:
     """Start the engines, nginx and the readiness sync; wait for a signal or an engine's death."""
-    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    nginx = nginx_binary()
     if nginx is None:
         sys.stderr.write("app.py: error: --chips puts the engines behind nginx: install it (apt install nginx)\n")
         return 2

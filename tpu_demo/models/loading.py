@@ -16,6 +16,7 @@ import torch
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
 from tpu_demo.device import DeviceInfo
 from tpu_demo.models.tiny_models import ensure_tiny_pipeline
+from tpu_demo.models.weights import weights_report
 
 
 class ModelUnavailable(RuntimeError):
@@ -37,27 +38,27 @@ def resolve_source(spec: ModelSpec, models_dir: Path) -> str:
 
 
 def hub_weights_present(spec: ModelSpec) -> bool:
-    """True when the hub cache already holds this model's ``model_index.json`` (no network)."""
-    if spec.hub_repo is None:
-        return True
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(spec.hub_repo, "model_index.json"), str)
-    except Exception:  # noqa: BLE001 - a broken cache counts as absent
-        return False
+    """True when the hub cache holds every weight file of this model (``models/weights.py``; no network)."""
+    return spec.hub_repo is None or weights_report(spec).complete
 
 
-def unavailable_message(spec: ModelSpec) -> str:
+def unavailable_message(spec: ModelSpec, missing: list[str] | None = None) -> str:
     token = " It is gated: accept its license on huggingface.co and set HF_TOKEN first." if "gated" in spec.license_note else ""
-    return (f"Model {spec.id} is not available on this machine: its weights ({spec.hub_repo}) are not in the "
-            f"Hugging Face cache; run `{spec.download_command}` on the host and restart.{token}")
+    where = "are not in the Hugging Face cache"
+    if missing and missing != ["model_index.json"]:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        where = f"are incomplete in the Hugging Face cache (missing {', '.join(missing[:3])}{more})"
+    return (f"Model {spec.id} is not available on this machine: its weights ({spec.hub_repo}) {where}; "
+            f"run `{spec.download_command}` on the host and restart.{token}")
 
 
 def ensure_available(spec: ModelSpec) -> None:
-    """Raise ModelUnavailable (one clear sentence) when a hub model's weights are not local."""
-    if spec.hub_repo is not None and not hub_weights_present(spec):
-        raise ModelUnavailable(unavailable_message(spec))
+    """Raise ModelUnavailable (one clear sentence) when a hub model's weights are not all local."""
+    if spec.hub_repo is None:
+        return
+    report = weights_report(spec)
+    if not report.complete:
+        raise ModelUnavailable(unavailable_message(spec, report.missing))
 
 
 def load_pipeline(spec: ModelSpec, device: DeviceInfo, models_dir: Path, **components: Any) -> Any:
