@@ -56,10 +56,17 @@ def test_ready_only_once_every_configured_bucket_is_warm_while_health_stays_200(
     assert all(health_status == 200 for _, _, health_status, _ in observed)
     print("not-ready reasons seen:", sorted(set(not_ready)))
 
-    # the start model evicted by another model does not take readiness back; SIGTERM's drain does
+    # the start model evicted by another model does not take readiness back, but the reason says what is
+    # loaded now (never "tiny-flux warm" once it is gone); SIGTERM's drain takes readiness back
     app.engine.warmup("tiny-sd3", app.config.start_mode)
     assert "tiny-flux" not in app.engine.status().models
-    assert httpx.get(url + "ready").status_code == 200
+    after = httpx.get(url + "ready")
+    assert after.status_code == 200
+    assert after.json()["reason"] == ("ready: loaded now: tiny-sd3 (compiled: 4 of 4 buckets warm); the start model "
+                                      "tiny-flux is not loaded (a request for it loads it again)")
+    health = httpx.get(url + "health").json()
+    assert health["ready_reason"] == after.json()["reason"] and set(health["models_loaded"]) == {"tiny-sd3"}
+    assert not [b for b in health["buckets"] if b["model"] == "tiny-flux" and b["state"] == "warm"]
     app.ui.supervisor.stop_all(StopReason.SHUTDOWN)  # what the SIGTERM handler calls first
     drained = httpx.get(url + "ready")
     assert drained.status_code == 503 and drained.json()["reason"] == "shutting down"

@@ -12,6 +12,7 @@ import httpx
 
 from conftest import request_fields
 from tpu_demo.core.events import BucketState, Loading
+from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import validate_request
 from tpu_demo.engine.warm_all import warm_order
 from tpu_demo.launch.config import parse_config
@@ -39,18 +40,26 @@ def test_ready_only_after_every_offered_model_is_warm_and_the_start_model_stays_
             time.sleep(0.05)
     assert reasons[-1].startswith("ready: "), reasons[-5:]
     waiting = reasons[:-1]
-    # the other model first, then the start model; /ready named each while it warmed
-    assert any(r.startswith("warming tiny-sd3 (model 1 of 2)") for r in waiting), sorted(set(waiting))
-    assert all(r.startswith(("warming tiny-sd3 (model 1 of 2)", "warming tiny-flux (model 2 of 2)")) for r in waiting)
+    # the other model first, then the start model, each in every mode, the start mode last; /ready named each
+    assert any(r.startswith("warming tiny-sd3 (model 1 of 2, eager: mode 1 of 3)") for r in waiting), sorted(set(waiting))
+    assert all(r.startswith(("warming tiny-sd3 (model 1 of 2, ", "warming tiny-flux (model 2 of 2, ")) for r in waiting)
     assert app.warm_all.finished.is_set() and app.warm_all.failures() == []
-    for model in ("tiny-sd3", "tiny-flux"):
+    for model in ("tiny-sd3", "tiny-flux"):  # every offered mode: what Compare modes runs finds them warm
         statuses = app.warm_all.results[model]
-        assert len(statuses) == len(app.engine.configured_shapes(model, app.config.start_mode))
-        assert all(s.state is BucketState.WARM and s.mode == "compiled" for s in statuses)
+        assert [s.mode for s in statuses] == [mode.value for mode in (ExecutionMode.EAGER, ExecutionMode.EAGER_FUSED,
+                                                                       ExecutionMode.COMPILED)
+                                               for _ in app.engine.configured_shapes(model, mode)]
+        assert all(s.state is BucketState.WARM for s in statuses)
+    health = httpx.get(url + "health").json()
+    assert set(health["warmed"]) == {"tiny-sd3", "tiny-flux"}  # what was warmed, loaded now or not
+    assert health["warmed"]["tiny-sd3"]["compiled"]["warm"] == 4 and set(health["models_loaded"]) == {"tiny-flux"}
+    assert app.warm_all.describe() == ("--warm all: tiny-sd3, tiny-flux (one at a time, tiny-flux last), each in "
+                                       "eager, eager-fused, compiled: 24 shapes (every bucket x batch size)")
     # one model at a time (no memory budget), and the start model is the one left loaded and warm
     assert "tiny-sd3" in loaded_seen or waiting == []
     assert set(app.engine.status().models) == {"tiny-flux"}
-    assert all(b.state is BucketState.WARM for b in app.engine.buckets_for("tiny-flux", app.config.start_mode)[:4])
+    for mode in ExecutionMode:  # the page's every mode is warm for the model it shows first
+        assert all(b.state is BucketState.WARM for b in app.engine.buckets_for("tiny-flux", mode)[:4])
 
 
 def test_a_switch_says_loading_the_model_and_its_size_while_it_loads(launch_app, monkeypatch):

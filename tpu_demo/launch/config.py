@@ -170,9 +170,9 @@ class AppConfig:
                                   "stopped (0: no limit)", _non_negative_float)
     log_prompts: bool = flag(False, "include prompts in the per-request log lines", None)
     no_warmup: bool = flag(False, "do not warm the buckets at start-up", None)
-    warm: str = flag("start", "what start-up warms before /ready says ready: the start model's buckets, or every "
-                     "offered model's, one model at a time, into the compile cache (then the start model stays "
-                     "loaded)", _choice(["start", "all"]))
+    warm: str = flag("start", "what start-up warms before /ready says ready: the start model's buckets in the start "
+                     "mode, or every offered model in every mode (Compare modes included), one model at a time, "
+                     "into the compile cache (then the start model stays loaded)", _choice(["start", "all"]))
     no_mcp: bool = flag(False, "do not serve Gradio's MCP server (on by default: streamable HTTP at /gradio_api/mcp/, "
                         "the tools generate_images, compare_execution_modes and list_models under the same limits "
                         "as the page)", None)

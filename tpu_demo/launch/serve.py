@@ -130,7 +130,8 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
         log.warning("this Gradio's queue has no polling interval to set; it polls at its own rate")
     warm_all = None
     if not config.no_warmup and config.warm == "all":
-        warm_all = WarmAll(engine, models, first, config.start_mode)  # every model, the start model last
+        # every model in every mode the page offers (Compare modes runs all three), the start model and mode last
+        warm_all = WarmAll(engine, models, first, config.start_mode, settings.limits.offered_modes)
         warm_all.start()
     elif not config.no_warmup:
         engine.warmup_in_background(first, config.start_mode)
@@ -158,7 +159,8 @@ def hardening_app_kwargs(app: App) -> dict:
         # waiting = in Gradio's queue, or in a running handler that has not reached the device yet
         "routes": health_routes(app.engine, lambda: waiting_requests(app),
                                 app.ui.supervisor.active,
-                                app.readiness),
+                                app.readiness,
+                                lambda: app.warm_all.summary() if app.warm_all is not None else None),
         "middleware": [Middleware(McpGuard, gate=gate, tools=TOOLS, guarded_tools=DEVICE_TOOLS,
                                   on_gone=app.ui.stop_caller, input_schema=lambda tool: mcp_input_schema(app, tool)),
                        Middleware(OwnerCookie),

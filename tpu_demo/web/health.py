@@ -25,7 +25,10 @@ HEALTH_PATH = "/health"
 READY_PATH = "/ready"
 
 
-def health_payload(engine: "Engine", queue_length: int, running: int, readiness: Readiness) -> dict[str, Any]:
+def health_payload(engine: "Engine", queue_length: int, running: int, readiness: Readiness,
+                   warmed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The /health body. ``models_loaded`` and ``buckets`` are what is loaded now; ``warmed`` (``--warm all``)
+    what start-up warmed into the compile cache, per model and mode, loaded now or not."""
     status = engine.status()
     buckets = [{"model": b.model, "mode": b.mode, "resolution": b.resolution, "batch": b.batch, "state": b.state.value,
                 "compile_seconds": b.compile_seconds, "graphs": b.compiles,
@@ -47,16 +50,19 @@ def health_payload(engine: "Engine", queue_length: int, running: int, readiness:
         "running": running,
         "busy": status.busy,
         "loading": status.loading,
+        "warmed": warmed,
     }
 
 
 def health_routes(engine: "Engine", queue_length: Callable[[], int], running: Callable[[], int],
-                  readiness: Callable[[], Readiness]) -> list[APIRoute]:
+                  readiness: Callable[[], Readiness],
+                  warmed: Callable[[], dict[str, Any] | None] = lambda: None) -> list[APIRoute]:
     """Both routes, for ``launch(app_kwargs={"routes": [...]})`` (routes Gradio's app serves as its own)."""
     no_store = {"Cache-Control": "no-store"}
 
     async def health() -> JSONResponse:
-        return JSONResponse(health_payload(engine, queue_length(), running(), readiness()), headers=no_store)
+        return JSONResponse(health_payload(engine, queue_length(), running(), readiness(), warmed()),
+                            headers=no_store)
 
     async def ready() -> JSONResponse:
         verdict = readiness()

@@ -4,11 +4,12 @@ A replica that just started loads its start model and compiles each configured b
 on a TPU); visitors sent to it meanwhile wait behind those compiles while warm replicas idle. So
 ``/ready`` answers 503 with the reason (``loading tiny-flux``, ``compiling bucket 2 of 3 ...``)
 until every configured bucket of the start model, in the start mode, is warm, then 200; with
-``--warm all``, until every offered model has been warmed too (``warming tiny-sd3 (model 1 of 2): ...``). Once
-ready a replica stays ready (a visitor switching models may evict the start model; that does not
-make the replica unable to serve) until SIGTERM, when it answers 503 ``shutting down`` so the
-balancer stops sending new visitors while the running request ends. ``/health`` stays liveness: a
-compiling replica is alive and answers 200 there.
+``--warm all``, until every offered model has been warmed in every mode too (``warming tiny-sd3
+(model 1 of 2, ...): ...``). Once ready a replica stays ready (a visitor switching models may evict
+the start model; that does not make the replica unable to serve) until SIGTERM, when it answers 503
+``shutting down`` so the balancer stops sending new visitors while the running request ends. The
+reason of a ready replica says what is loaded now: after a switch evicted the start model it names
+the model loaded instead. ``/health`` stays liveness: a compiling replica is alive and answers 200 there.
 """
 
 from __future__ import annotations
@@ -68,23 +69,43 @@ class ReadinessCheck:
                 if not current.ready:
                     return current
                 self._ready = current
-            return self._ready
+            return self._ready if not self.warmup else self._ready_now()
+
+    def _ready_now(self) -> Readiness:
+        """Ready, and what is loaded now: the start model's verdict while it is loaded and warm, else the
+        models loaded instead (a switch evicted it), each with its warm buckets per mode."""
+        verdict = self._model_readiness(self.model, self.mode)
+        if verdict.ready:
+            return verdict
+        loaded = [f"{model} ({self._warm_summary(model)})" for model in self.engine.status().models]
+        return Readiness(True, f"ready: loaded now: {'; '.join(loaded) or 'no model'}; the start model "
+                               f"{self.model} is not loaded (a request for it loads it again)")
+
+    def _warm_summary(self, model: str) -> str:
+        parts = []
+        for mode in ExecutionMode:
+            configured = len(self.engine.configured_shapes(model, mode))
+            warm = sum(1 for b in self.engine.buckets_for(model, mode)[:configured] if b.state is BucketState.WARM)
+            if warm:
+                parts.append(f"{mode.value}: {warm} of {configured} buckets warm")
+        return ", ".join(parts) or "no bucket warm"
 
     def _current(self) -> Readiness:
         if not self.warmup:
             return Readiness(True, "ready: warmup is off (--no-warmup); buckets compile on first use")
         if self.warm_all is not None and not self.warm_all.finished.is_set():
             current = self.warm_all.current or self.model
-            return Readiness(False, f"{self.warm_all.progress()}: {self._model_readiness(current).reason}")
+            mode = self.warm_all.current_mode or self.mode
+            return Readiness(False, f"{self.warm_all.progress()}: {self._model_readiness(current, mode).reason}")
         if self.warm_all is not None and self.warm_all.failures():
             failed = self.warm_all.failures()
             more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
             return Readiness(False, f"failed: --warm all: {'; '.join(failed[:3])}{more} (see /health); "
                                     "fix and restart the replica")
-        return self._model_readiness(self.model)
+        return self._model_readiness(self.model, self.mode)
 
-    def _model_readiness(self, model: str) -> Readiness:
-        configured = len(self.engine.configured_shapes(model, self.mode))  # every bucket x batch size
-        buckets = self.engine.buckets_for(model, self.mode)[:configured]  # configured ones come first
+    def _model_readiness(self, model: str, mode: ExecutionMode) -> Readiness:
+        configured = len(self.engine.configured_shapes(model, mode))  # every bucket x batch size
+        buckets = self.engine.buckets_for(model, mode)[:configured]  # configured ones come first
         loaded = model in self.engine.status().models
-        return bucket_readiness(buckets, loaded, model, self.mode.value)
+        return bucket_readiness(buckets, loaded, model, mode.value)
