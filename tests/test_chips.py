@@ -25,6 +25,7 @@ import pytest
 from gradio_client import Client
 
 from conftest import free_port, request_fields
+from test_tpu_host_doc import start_command_on_cpu
 from tpu_standin import TpuStandIn
 from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS, Placement
 from tpu_demo.launch.chips import ENGINES, TENSOR_PARALLEL, ChipsError, Host, plan_chips
@@ -144,17 +145,18 @@ def test_all_chips_command_on_cpu_two_engines_behind_nginx_every_model_warm(tmp_
     port = free_port()
     cache = tmp_path / "cache"
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "app.py", "--chips", "2", "--port", str(port), "--cache-dir", str(cache),
-               "--models", "tiny-flux,tiny-sd3", "--model", "tiny-flux", "--mode", "compiled", "--warm", "all",
-               # the start model on one bucket (the second model keeps all four): a third fewer inductor compiles
-               "--buckets", "64x64",
-               "--compile-backend", "inductor", "--threads", "1", "--max-per-ip", "0"]
+    # docs/tpu-host.md's start command with tiny models and two loopback engines, plus the test's own settings
+    command = start_command_on_cpu(port) + [
+        "--cache-dir", str(cache), "--model", "tiny-flux",
+        # the start model on one bucket (the second model keeps all four): a third fewer inductor compiles
+        "--buckets", "64x64", "--compile-backend", "inductor", "--threads", "1", "--max-per-ip", "0"]
     with open(tmp_path / "launcher.log", "w") as out:
         launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     engines = [f"http://127.0.0.1:{port + 1 + i}/" for i in range(2)]
     logs = [cache / f"chips-{port}" / f"engine-{i}.log" for i in range(2)]
     try:
         reasons: list[list[str]] = [[], []]
+        warmed: list[dict] = []
         deadline = time.monotonic() + 1200
         with httpx.Client(timeout=10) as http:
             while time.monotonic() < deadline and not all(r and r[-1].startswith("ready") for r in reasons):
@@ -169,12 +171,21 @@ def test_all_chips_command_on_cpu_two_engines_behind_nginx_every_model_warm(tmp_
             assert seen and seen[-1].startswith("ready"), (seen[-3:], logs[index].read_text()[-3000:])
             # ready only after both models: the other one first, then the start model, which stays loaded
             waiting = [r for r in seen if not r.startswith("ready")]
-            assert any(r.startswith("warming tiny-flux (model 2 of 2)") for r in waiting), sorted(set(waiting))
-            assert all(r.startswith(("warming tiny-sd3 (model 1 of 2)", "warming tiny-flux (model 2 of 2)"))
+            assert all(r.startswith(("warming tiny-sd3 (model 1 of 2, ", "warming tiny-flux (model 2 of 2, "))
                        for r in waiting), sorted(set(waiting))
             assert "--warm all: tiny-sd3 warm in compiled" in logs[index].read_text()
             health = httpx.get(engines[index] + "health").json()
             assert set(health["models_loaded"]) == {"tiny-flux"} and health["device"]["name"] == "CPU"
+            warmed.append(health["warmed"])
+        # the engines warmed one after another: engine 1 started once engine 0 was ready, and every graph it
+        # needed was already in the shared compile cache (inductor's counters: every lookup a hit)
+        assert "engine 0 is ready: starting engine 1" in (tmp_path / "launcher.log").read_text()
+        for model in ("tiny-sd3", "tiny-flux"):
+            first, second = warmed[0][model]["compiled"], warmed[1][model]["compiled"]
+            assert first["warm"] == second["warm"] == first["shapes"] > 0, warmed
+            assert first["from_cache"] is False and second["from_cache"] is True, warmed
+            print(f"{model} compiled warmup: engine 0 {first['compile_seconds']} s ({first['graphs']} graphs), "
+                  f"engine 1 {second['compile_seconds']} s ({second['graphs']} graphs, every lookup a cache hit)")
         balancer = f"http://127.0.0.1:{port}/"
         deadline = time.monotonic() + 60
         while httpx.get(balancer + "gradio_api/info", timeout=10).status_code != 200:

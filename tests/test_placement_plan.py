@@ -18,8 +18,9 @@ from conftest import engine_images
 from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS, Placement
 from tpu_demo.device import DeviceInfo
 from tpu_demo.models.placement import choose_placement
-from tpu_demo.models.placement_plan import (Serving, embedding_mb, per_chip_gb, placement_table, plan_placement,
-                                            plan_serving, transfer_table, weight_gb_moved_per_request)
+from tpu_demo.models.placement_plan import (TPU_CHIPS, Serving, embedding_mb, per_chip_gb, placement_table,
+                                            plan_placement, plan_serving, transfer_table,
+                                            weight_gb_moved_per_request)
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "placements.md"
@@ -149,3 +150,44 @@ def test_resident_compiled_mode_compiles_the_full_transformer(make_engine):
     engine_images(engine, model="tiny-flux", mode="compiled", seed=9)
     assert engine.counter.count == compiles
     assert engine.pool.get("tiny-flux").pipeline.transformer._compiled_call_impl is not None
+
+
+#: how the docs name each real model
+MODEL_NAMES = {"flux.1-schnell": ("flux.1-schnell", "FLUX.1-schnell", "FLUX.1 [schnell]", "FLUX.1"),
+               "sd3.5-medium": ("sd3.5-medium", "SD3.5 Medium", "SD3.5", "Stable Diffusion 3.5 Medium"),
+               "flux.2-dev": ("flux.2-dev", "FLUX.2-dev", "FLUX.2 [dev]", "FLUX.2")}
+FITS_ONE = re.compile(r"\bfits? (?:on )?(?:one|a single|1) (?:\w+ )?chip\b|\b1 chip \(", re.I)
+FITS_NONE = re.compile(r"\bfits? no single (?:\w+ )?chip\b|\bdoes not fit (?:on )?(?:one|a single) (?:\w+ )?chip\b", re.I)
+CHIP_NAMES = re.compile(r"\b(v5e|v6e|v5p|v7x)\b")
+
+
+def placement_claims(text: str) -> list[tuple[str, str, str, bool]]:
+    """(sentence, model, chip, fits one chip) for every sentence or table row that says whether a named real
+    model fits one chip; the chip is the one the sentence names, or "any" when it names none."""
+    claims = []
+    for sentence in re.split(r"(?<=[.;:])\s+|\n", text):
+        positive, negative = FITS_ONE.search(sentence), FITS_NONE.search(sentence)
+        if not (positive or negative):
+            continue
+        for model, names in MODEL_NAMES.items():
+            if any(re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-]|\.\d)", sentence) for name in names):
+                for chip in CHIP_NAMES.findall(sentence) or ["any"]:
+                    claims.append((sentence.strip(), model, chip, bool(positive) and not negative))
+    return claims
+
+
+def test_no_other_page_contradicts_the_placement_table():
+    """docs/placements.md is the one place the docs state placements; a sentence elsewhere that says a real
+    model fits one chip (or fits none) must hold for the chip it names, or for every chip of the table when
+    it names none ("FLUX.1 and SD3.5 each fit one chip" does not: FLUX.1 fits no v5e chip)."""
+    assert placement_claims("FLUX.1-schnell and SD3.5 Medium each fit one chip.")  # the checker sees such a sentence
+    wrong = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if page == DOCS:
+            continue
+        for sentence, model, chip, fits in placement_claims(page.read_text()):
+            chips = [chip] if chip != "any" else list(TPU_CHIPS)
+            truth = [plan_serving(CATALOG[model], TPU_CHIPS[c], 1) is not None for c in chips]
+            if (fits and not all(truth)) or (not fits and any(truth)):
+                wrong.append(f"{page.name}: {model} on {chip}: {sentence[:160]}")
+    assert not wrong, "\n".join(wrong)

@@ -8,8 +8,9 @@ anything else. It asks a short-lived child for the host's chips (torch-tpu's PCI
 started) and the offered models, plans with ``chips.plan_chips``, then either
 
 - starts one ``python app.py`` per chip on 127.0.0.1:<port+1+i>, each with its chip's libtpu
-  environment, its log in ``<cache-dir>/chips-<port>/engine-<i>.log``, all sharing the compile cache;
-  nginx with deploy/nginx/tpu-demo.conf listening on ``--host:--port``; and
+  environment, its log in ``<cache-dir>/chips-<port>/engine-<i>.log``, all sharing the compile cache
+  and started one after another (each once ``/ready`` of the one before says 200, so a graph is
+  compiled once and the later engines read it from the cache); nginx with deploy/nginx/tpu-demo.conf listening on ``--host:--port``; and
   deploy/nginx/ready_upstreams.py keeping nginx's list to the engines whose ``/ready`` says 200.
   Ctrl-C / SIGTERM stops them all (engines drain their running request); an engine that dies
   stops the others too (exit 1), so a supervisor (systemd, Kubernetes) restarts the whole host;
@@ -27,6 +28,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Sequence
 
@@ -88,6 +91,20 @@ def engine_ports(port: int, count: int) -> list[int]:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     return ports
+
+
+def engine_settled(port: int) -> bool:
+    """Whether the engine on 127.0.0.1:``port`` is done warming: ``/ready`` says 200, or that it failed."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as response:
+            return response.status == 200
+    except urllib.error.HTTPError as error:  # 503: still warming, or failed (the next engine would fail too)
+        try:
+            return json.loads(error.read() or b"{}").get("reason", "").startswith("failed")
+        except ValueError:
+            return False
+    except (OSError, ValueError):  # not listening yet
+        return False
 
 
 def nginx_binary() -> str | None:
@@ -158,16 +175,19 @@ def run_engines(plan: ChipsPlan, config: AppConfig, engine_argv: list[str]) -> i
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    def start_engine(index: int) -> None:
+        env = {**_child_base_env(), **plan.engine_environment(index)}
+        with open(workdir / f"engine-{index}.log", "w") as out:
+            processes.append(subprocess.Popen(
+                [sys.executable, str(REPO / "app.py"), *engine_argv, "--host", "127.0.0.1", "--port", str(ports[index])],
+                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+        log.info("engine %d: 127.0.0.1:%d%s, log %s", index, ports[index],
+                 f", chip {index} ({plan.host.name})" if plan.host.kind == "tpu" else "",
+                 workdir / f"engine-{index}.log")
+
     try:
-        for index, port in enumerate(ports):
-            env = {**_child_base_env(), **plan.engine_environment(index)}
-            with open(workdir / f"engine-{index}.log", "w") as out:
-                processes.append(subprocess.Popen(
-                    [sys.executable, str(REPO / "app.py"), *engine_argv, "--host", "127.0.0.1", "--port", str(port)],
-                    cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
-            log.info("engine %d: 127.0.0.1:%d%s, log %s", index, port,
-                     f", chip {index} ({plan.host.name})" if plan.host.kind == "tpu" else "",
-                     workdir / f"engine-{index}.log")
+        start_engine(0)  # the others start one by one, each once the one before is ready (see below)
+        started = 1
         replicas = [flag for port in ports for flag in ("--replica", f"127.0.0.1:{port}")]
         nginx_command = [nginx, "-p", str(workdir), "-c", str(conf)]
         subprocess.run([sys.executable, str(SYNC), *replicas, "--output-dir", str(workdir), "--once",
@@ -186,6 +206,12 @@ def run_engines(plan: ChipsPlan, config: AppConfig, engine_argv: list[str]) -> i
                 log.error("%s exited with %s: stopping every engine", " ".join(map(str, dead[0].args[:3])),
                           dead[0].returncode)
                 return 1
+            if started < len(ports) and engine_settled(ports[started - 1]):
+                # engines warm one after another: each graph is compiled once, by the first engine, and read
+                # from the shared compile cache by the next ones instead of compiled by all at the same time
+                log.info("engine %d is ready: starting engine %d (it reads the compile cache)", started - 1, started)
+                start_engine(started)
+                started += 1
             time.sleep(0.5)
         return 0
     finally:
