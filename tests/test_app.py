@@ -28,7 +28,8 @@ def test_api_lists_the_documented_parameters(served_app):
     api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
     parameters = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert parameters == ["prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale",
-                          "seed", "num_images", "previews", "negative_prompt", "style", "style_scale"]
+                          "seed", "num_images", "previews", "negative_prompt", "style", "style_scale",
+                          "upsample_prompt"]
 
 
 def test_start_up_warms_the_configured_buckets_in_the_background(launch_app):

@@ -4,7 +4,8 @@ Layers, lowest first: ``core`` (plain data) -> ``device`` -> ``models`` -> ``dis
 ``web`` (Gradio) sits beside the engine and talks to it through ``core`` types only; ``launch``
 wires everything. Imports only go down, there is no cycle (function-level imports included),
 only ``device.py`` touches torch-tpu, the runtime never imports the training package, and no module
-is over 350 lines.
+is past the point where it surely does several jobs (600 lines; files are split by job, never to meet a
+line count: docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -147,8 +148,9 @@ def test_compile_cache_is_importable_before_torch():
     assert "torch" not in modules
 
 
-#: lines a module under tpu_demo/ may have: past it a module does more than one job (split it by job)
-MAX_MODULE_LINES = 350
+#: lines past which a module under tpu_demo/ surely does more than one job (split it by job). A ceiling,
+#: not a target: a module is as long as its one job (docs/architecture.md gives ~350 as advice)
+MAX_MODULE_LINES = 600
 
 
 def test_every_module_fits_its_job():

@@ -15,6 +15,7 @@ from typing import Mapping
 
 from tpu_demo.core.buckets import Bucket
 from tpu_demo.core.styles import StyleSpec
+from tpu_demo.core.upsampling import PromptUpsamplerSpec, UpsamplerKind
 
 #: Where committed assets (prompts, trained tiny weights) live.
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
@@ -86,6 +87,17 @@ class ModelSpec:
     short_title: str = ""
     #: style adapters (LoRA) a visitor may pick by name; hot-swapped on the warm graph (docs/models.md#styles)
     styles: tuple[StyleSpec, ...] = ()
+    #: rewrites the visitor's prompt per image before the pipeline sees it (core/upsampling.py);
+    #: None: the model shows no "Upsample prompt" control
+    prompt_upsampler: PromptUpsamplerSpec | None = None
+
+    @property
+    def language_path(self) -> Path | None:
+        """Where a ``language`` upsampler's file lies (beside the weights of an ``assets:`` model); else None."""
+        upsampler = self.prompt_upsampler
+        if upsampler is None or upsampler.kind is not UpsamplerKind.LANGUAGE or not self.source.startswith("assets:"):
+            return None
+        return ASSETS_DIR / self.source.removeprefix("assets:") / upsampler.language_file
 
     @property
     def vocabulary_path(self) -> Path | None:
@@ -161,6 +173,11 @@ class ModelSpec:
             problems.extend(style.problems())
         if len({style.name for style in self.styles}) != len(self.styles):
             problems.append("two styles share a name")
+        upsampler = self.prompt_upsampler
+        if upsampler is not None and upsampler.kind is UpsamplerKind.LANGUAGE and self.language_path is None:
+            problems.append("a language prompt_upsampler needs an assets: source (its file lies beside the weights)")
+        if upsampler is not None and upsampler.kind is UpsamplerKind.PIPELINE and self.pipeline_class != "Flux2Pipeline":
+            problems.append(f"{self.pipeline_class} has no upsample_prompt; only Flux2Pipeline does")
         if not (self.is_builtin or "/" in self.source):
             problems.append(f"source {self.source!r} is neither builtin:, assets: nor a hub repo id")
         if problems:
@@ -182,6 +199,12 @@ _TINY_SHAPES_STYLES = (
               example="a large orange circle at the top-left and a large blue square at the bottom-right on a white background"),
 )
 
+#: the FLUX.2 Space leaves prompt upsampling to the visitor: off, since it is a text-generation pass of
+#: the text encoder (up to 512 new tokens) before every image (docs/generation.md#prompt-upsampling)
+_FLUX2_UPSAMPLER = PromptUpsamplerSpec(
+    UpsamplerKind.PIPELINE, default_on=False, temperature=0.15,
+    cost_note="a text-generation pass of the text encoder (up to 512 new tokens) before each image")
+
 _REAL_BUCKETS = _buckets("1024x1024", "1152x896", "896x1152", "1344x768", "768x1344")
 _TINY_BUCKETS = _buckets("64x64", "128x128", "96x64", "64x96")
 
@@ -193,6 +216,8 @@ _ENTRIES = (
         placements=(Placement.WHOLE, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         negative_prompt=True, call_kwargs={"max_sequence_length": 24}, example_prompts_file="tiny_shapes_prompts.txt",
         short_title="Tiny Shapes", styles=_TINY_SHAPES_STYLES,
+        prompt_upsampler=PromptUpsamplerSpec(UpsamplerKind.LANGUAGE, default_on=True,
+                                             cost_note="under a millisecond: a reader of the model's own sentence form"),
     ),
     ModelSpec(
         id="tiny-flux", title="Tiny FLUX (random weights, offline)", pipeline_class="FluxPipeline",
@@ -213,7 +238,7 @@ _ENTRIES = (
         source="builtin:tiny-flux2", default_steps=4, max_steps=50, default_guidance=4.0,
         guidance_range=(0.0, 20.0), buckets=_TINY_BUCKETS,
         placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
-        call_kwargs={"max_sequence_length": 77},
+        call_kwargs={"max_sequence_length": 77}, prompt_upsampler=_FLUX2_UPSAMPLER,
     ),
     ModelSpec(
         id="flux.1-schnell", title="FLUX.1 [schnell]", pipeline_class="FluxPipeline",
@@ -243,7 +268,7 @@ _ENTRIES = (
         placements=(Placement.TENSOR_PARALLEL, Placement.RESIDENT),
         component_gb={"transformer": 64.0, "text_encoder": 48.0, "vae": 0.17},
         license_note="gated: accept the license on the hub and set HF_TOKEN",
-        download_exclude=("flux2-dev.safetensors", "ae.safetensors"),
+        download_exclude=("flux2-dev.safetensors", "ae.safetensors"), prompt_upsampler=_FLUX2_UPSAMPLER,
     ),
 )
 

@@ -1,11 +1,13 @@
 """The link that reproduces an image: its settings as query parameters of the page's own URL.
 
-``/?prompt=...&model=tiny-shapes&mode=eager&resolution=64x64&steps=12&guidance=3.0&seed=7``
-(``negative_prompt`` too where the image had one; ``style`` and ``style_scale`` where it had a style, so a
-link to an unstyled image reads as it did before styles). Opening it fills the controls; nothing runs until
-the visitor clicks, so a shared link cannot queue work by being visited. Every parameter is checked
-by the same validation as the API, and an error names the link's parameter (``steps: must be from 1
-to 50, got 999``). The same settings on the same server and weights give the same pixels.
+``/?prompt=...&model=tiny-shapes&mode=eager&resolution=64x64&steps=12&guidance=3.0&upsample=1&seed=7``
+(``upsample=1`` where the model's prompt upsampler rewrote the typed prompt, from the seed; a link
+without it, as every link made before the upsampler, draws the prompt as typed; ``negative_prompt``
+too where the image had one; ``style`` and ``style_scale`` where it had a style). Opening it fills
+the controls; nothing runs until the visitor clicks, so a shared link cannot queue work by being
+visited. Every parameter is checked by the same validation as the API, and an error names the
+link's parameter (``steps: must be from 1 to 50, got 999``). The same settings on the same server
+and weights give the same pixels.
 """
 
 from __future__ import annotations
@@ -18,23 +20,24 @@ from tpu_demo.core.styles import NO_STYLE
 
 #: link parameter -> request field, in the link's order
 LINK_FIELDS = {"prompt": "prompt", "model": "model", "mode": "mode", "resolution": "resolution",
-               "steps": "num_inference_steps", "guidance": "guidance_scale", "seed": "seed",
-               "negative_prompt": "negative_prompt", "style": "style", "style_scale": "style_scale"}
+               "steps": "num_inference_steps", "guidance": "guidance_scale", "upsample": "upsample_prompt",
+               "seed": "seed", "negative_prompt": "negative_prompt", "style": "style", "style_scale": "style_scale"}
 #: parameters a link must carry (a negative prompt and a style may be left out)
 REQUIRED = ("prompt", "model", "mode", "resolution", "steps", "guidance", "seed")
 #: longer query strings are refused unread (a prompt is at most a few thousand characters)
 MAX_QUERY_CHARS = 16384
 
 _LINK_NAME = {field: name for name, field in LINK_FIELDS.items()}
+_LINK_BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
 def link_query(settings: Mapping[str, Any]) -> str:
     """The query string (without ``?``) for a request's or a PNG's settings (request field names)."""
     styled = settings.get("style") not in (None, "", NO_STYLE)
     pairs = [(name, settings[field]) for name, field in LINK_FIELDS.items()
-             if field in settings and not (field == "negative_prompt" and not settings[field])
+             if field in settings and not (field in ("negative_prompt", "upsample_prompt") and not settings[field])
              and (styled or field not in ("style", "style_scale"))]
-    return urlencode([(name, str(value)) for name, value in pairs])
+    return urlencode([(name, str(int(value)) if isinstance(value, bool) else str(value)) for name, value in pairs])
 
 
 def is_link(query: str) -> bool:
@@ -62,6 +65,9 @@ def request_from_link(query: str, limits: RequestLimits = RequestLimits()) -> Ge
     if missing:
         raise RequestError(missing[0], "is missing from the link")
     raw: dict[str, Any] = {field: values[name][0] for name, field in LINK_FIELDS.items() if name in values}
+    # a query string is text: "1" / "0" (also "true" / "false") for upsample, anything else refused by the check
+    upsample = raw.get("upsample_prompt", "0")
+    raw["upsample_prompt"] = _LINK_BOOLEANS.get(upsample.strip().lower(), upsample)
     try:
         return validate_request({**raw, "num_images": 1, "previews": True}, limits)
     except RequestError as error:

@@ -2,8 +2,10 @@
 
 Two text chunks: "parameters", in the AUTOMATIC1111 layout that image tools read
 (prompt line, a style as A1111's LoRA tag ``<lora:NAME:SCALE>`` at its end, "Negative prompt: ..." line
-when there is one, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ..."),
-and "tpu_demo", the same settings as JSON, which is what the app reads back.
+when there is one, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ...", and
+"Drawn as: ..." when a prompt upsampler rewrote the typed prompt), and "tpu_demo", the same settings as
+JSON, which is what the app reads back: the typed ``prompt``, ``upsample_prompt`` and, when rewritten,
+``drawn_prompt``. A PNG made before the upsampler (no ``upsample_prompt``) restores with it off.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ JSON_KEY = "tpu_demo"
 PARAMETERS_KEY = "parameters"
 #: The request fields a PNG restores.
 SETTINGS_FIELDS = ("prompt", "negative_prompt", "model", "mode", "resolution", "num_inference_steps",
-                   "guidance_scale", "seed", "style", "style_scale")
+                   "guidance_scale", "seed", "style", "style_scale", "upsample_prompt")
 
 
 def a1111_parameters(settings: Mapping[str, Any]) -> str:
@@ -33,6 +35,7 @@ def a1111_parameters(settings: Mapping[str, Any]) -> str:
         ("Model", settings["model"]),
         ("Mode", settings.get("mode_description", settings["mode"])),
         ("Device", settings.get("device", "")),
+        ("Drawn as", settings.get("drawn_prompt", "")),
     ]
     timings = settings.get("timings") or {}
     if timings:
@@ -71,7 +74,14 @@ def read_settings(image: Image.Image) -> dict[str, Any] | None:
         settings = json.loads(raw)
     except (TypeError, ValueError):
         return None
-    return {key: settings[key] for key in SETTINGS_FIELDS if key in settings} if isinstance(settings, dict) else None
+    return _restored(settings)
+
+
+def _restored(settings: Any) -> dict[str, Any] | None:
+    """The fields a PNG restores; ``upsample_prompt`` off when it predates the upsampler (as it was made)."""
+    if not isinstance(settings, dict):
+        return None
+    return {"upsample_prompt": False, **{key: settings[key] for key in SETTINGS_FIELDS if key in settings}}
 
 
 #: An uploaded PNG is refused past these: the largest bucket served is far smaller, and the
@@ -129,4 +139,4 @@ def read_settings_file(path: str, max_pixels: int = MAX_UPLOAD_PIXELS,
         settings = json.loads(raw)
     except ValueError:
         return None
-    return {key: settings[key] for key in SETTINGS_FIELDS if key in settings} if isinstance(settings, dict) else None
+    return _restored(settings)

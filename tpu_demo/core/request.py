@@ -58,6 +58,9 @@ class GenerationRequest:
     #: one of the model's style adapters by name, "" for none (core/styles.py), and its strength
     style: str = ""
     style_scale: float = 1.0
+    #: rewrite the prompt per image with the model's prompt upsampler (core/upsampling.py); always
+    #: False for a model that declares none
+    upsample_prompt: bool = False
 
     @property
     def style_key(self) -> tuple[str, float]:
@@ -213,6 +216,9 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
     else:
         guidance = _number("guidance_scale", raw.get("guidance_scale", spec.default_guidance), *spec.guidance_range)
     style, style_scale = _style(raw, spec)
+    upsampler = spec.prompt_upsampler
+    # checked whatever the model; a model without an upsampler ignores it, as a fixed guidance is ignored
+    upsample = _boolean("upsample_prompt", raw.get("upsample_prompt", upsampler is not None and upsampler.default_on))
     return GenerationRequest(
         prompt=_prompt(raw.get("prompt"), limits.max_prompt_chars),
         model=spec.id,
@@ -225,5 +231,5 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
         num_images=_integer("num_images", raw.get("num_images", 1), 1, limits.max_images),
         previews=_boolean("previews", raw.get("previews", True)),
         negative_prompt=_negative_prompt(raw.get("negative_prompt", ""), spec, limits.max_prompt_chars),
-        style=style, style_scale=style_scale,
+        style=style, style_scale=style_scale, upsample_prompt=upsample and upsampler is not None,
     )

@@ -64,6 +64,15 @@ class PipelineCall:
 
 
 @dataclass(frozen=True)
+class UpsamplePrompt:
+    """Rewrite this prompt with the model's text encoder, sampled from this seed (the same text on every rank)."""
+
+    model_id: str
+    prompt: str
+    seed: int
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Rank 0 is stopping: followers leave their loop."""
 
@@ -119,7 +128,7 @@ class Lockstep:
         return callback
 
     @contextlib.contextmanager
-    def leading(self, message: LoadModel | PipelineCall,
+    def leading(self, message: LoadModel | PipelineCall | UpsamplePrompt,
                 passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
         """On rank 0: refuse if failed, broadcast ``message``, and turn any error into a group failure.
 
@@ -226,6 +235,8 @@ class Lockstep:
                     log.warning("rank %d: %s", self.world.rank, error)
             elif isinstance(message, PipelineCall):
                 engine.submit(lambda call=message: engine.run_followed_call(call)).result()
+            elif isinstance(message, UpsamplePrompt):
+                engine.submit(lambda call=message: engine.run_followed_upsample(call)).result()
             else:
                 raise TypeError(f"unknown lockstep message {message!r}")
 

@@ -99,9 +99,16 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
                               engine.previews(loaded, bucket, every if m.pending.request.previews else 0))
                  for m in members]
     observer = BatchObserver(observers, members, engine.decode_guard)
-    prompts = [styled_prompt(loaded.spec.styles, first.style, m.pending.request.prompt) for m in members]
-    negatives = [m.pending.request.negative_prompt for m in members]
+    # each image's own prompt: the upsampler draws what the typed prompt leaves out from the image's seed
     seeds = [m.pending.request.seed + m.index for m in members]
+    try:
+        drawn = [engine.draw_prompt(loaded, m.pending.request, seed) for m, seed in zip(members, seeds)]
+    except Exception as error:  # noqa: BLE001 - every request of the call hears why
+        _fail(members, error)
+        return
+    prompts = [styled_prompt(loaded.spec.styles, first.style, d.text if d else m.pending.request.prompt)
+               for m, d in zip(members, drawn)]
+    negatives = [m.pending.request.negative_prompt for m in members]
     call: Callable[[], Any] = lambda: engine.call_pipeline(  # noqa: E731
         loaded, mode, prompts, bucket, first.num_inference_steps, first.guidance_scale, seeds, observer, negatives)
     started = time.perf_counter()
@@ -139,7 +146,8 @@ def run_batch(engine: "Engine", members: list[Member]) -> None:
                                        timings["denoise_seconds"] / len(members),
                                        timings["steps_per_second"] * len(members)))
         seed = pending.request.seed + member.index
-        parameters = image_parameters(pending.request, seed, mode_text, engine.device.badge, scheduler, timings, warm)
+        parameters = image_parameters(pending.request, seed, mode_text, engine.device.badge, scheduler, timings, warm,
+                                      drawn[row])
         image = output.images[row]
         pngmeta.attach(image, parameters)
         pending.completed += 1

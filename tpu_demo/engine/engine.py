@@ -33,9 +33,10 @@ from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.recent import RecentRuns
 from tpu_demo.core.request import GenerationRequest
 from tpu_demo.core.styles import StyleSpec
+from tpu_demo.core.upsampling import DrawnPrompt
 from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
                              synchronize)
-from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall
+from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall, UpsamplePrompt
 from tpu_demo.engine.batch_run import run_batch
 from tpu_demo.engine.batching import END, ImageQueue, PendingRequest, batch_sizes
 from tpu_demo.engine.bucket_book import BucketBook
@@ -313,6 +314,20 @@ class Engine:
             loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
         return output
 
+    def draw_prompt(self, loaded: LoadedModel, request: GenerationRequest, seed: int) -> DrawnPrompt | None:
+        """The prompt image ``seed`` of ``request`` is drawn from, when its upsampler rewrites it (else None)."""
+        if not request.upsample_prompt or loaded.upsampler is None:
+            return None
+        lockstep = self._in_lockstep(UpsamplePrompt(loaded.spec.id, request.prompt, seed))
+        with lockstep if loaded.upsampler.uses_text_encoder else contextlib.nullcontext():
+            return loaded.upsampler.rewrite(request.prompt, seed)
+
+    def run_followed_upsample(self, call: UpsamplePrompt) -> None:
+        """Tensor parallel, follower ranks: take part in rank 0's prompt rewrite (output unused)."""
+        upsampler = self.pool.load(self.spec(call.model_id)).upsampler
+        if upsampler is not None:
+            upsampler.rewrite(call.prompt, call.seed)
+
     def release_after_failure(self) -> None:  # the next call starts clean
         release_cached_memory(self.device)
 
@@ -327,7 +342,7 @@ class Engine:
     def previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
         return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)
 
-    def _in_lockstep(self, message: LoadModel | PipelineCall) -> Any:
+    def _in_lockstep(self, message: LoadModel | PipelineCall | UpsamplePrompt) -> Any:
         """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
         if self.lockstep is None:
             return contextlib.nullcontext()

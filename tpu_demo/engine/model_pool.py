@@ -25,6 +25,7 @@ from tpu_demo.models.loading import ModelUnavailable, ensure_available, load_pip
 from tpu_demo.models.placement import PlacementError, apply_placement, choose_placement
 from tpu_demo.models.prompt_cache import PromptEncoder
 from tpu_demo.models.styles import StyleAdapters, style_refusal
+from tpu_demo.models.upsampling import PromptUpsampler, build_upsampler
 
 log = logging.getLogger("tpu_demo.engine")
 
@@ -42,6 +43,8 @@ class LoadedModel:
     prompt_encoder: PromptEncoder | None = None
     #: the hot-swappable style adapter slot (models/styles.py); None: the model offers no styles here
     styles: StyleAdapters | None = None
+    #: rewrites a typed prompt per image (models/upsampling.py); None: the model declares no upsampler
+    upsampler: PromptUpsampler | None = None
 
     def slot_bypass(self, mode: ExecutionMode) -> contextlib.AbstractContextManager:
         """Around a call in ``mode``: an eager call with no style skips the style slot (models/styles.py)."""
@@ -162,8 +165,10 @@ class ModelPool:
         weight_bytes = parameter_bytes(pipeline)
         if prompt_encoder is not None:  # resident: the host-side text encoders count too
             weight_bytes += parameter_bytes(prompt_encoder.encoder_pipeline)
+        # the text encoder's pipeline: resident placement keeps it on the host
+        upsampler = build_upsampler(spec, prompt_encoder.encoder_pipeline if prompt_encoder else pipeline)
         loaded = LoadedModel(spec, pipeline, placement, weight_bytes, last_used=time.monotonic(),
-                             prompt_encoder=prompt_encoder, styles=styles)
+                             prompt_encoder=prompt_encoder, styles=styles, upsampler=upsampler)
         self._models[spec.id] = loaded
         log.info("loaded %s (%s, %.1f MB) in %.2fs", spec.id, placement.value, loaded.weight_bytes / 1e6,
                  time.perf_counter() - started)

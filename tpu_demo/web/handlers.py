@@ -48,7 +48,7 @@ class UiSettings:
 
 
 #: Example prompts the page lists under the prompt box, at most (the first lines of the file).
-MAX_EXAMPLES = 12
+MAX_EXAMPLES = 16
 
 
 def example_rows(spec: ModelSpec) -> list[tuple[str, str, int]]:
@@ -94,7 +94,25 @@ def _caption(result: ImageResult) -> str:
     t = result.timings
     warmth = "warm" if result.warm else "compiled first"
     return (f"seed {result.seed} \u00b7 denoise {t['denoise_seconds']:.2f}s \u00b7 {t['steps_per_second']:.1f} steps/s"
-            f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}{caption_part(result.parameters)}")
+            f" \u00b7 decode {t['decode_seconds']:.2f}s \u00b7 {warmth}{caption_part(result.parameters)}"
+            f"{drawn_caption(result.parameters)}")
+
+
+def drawn_caption(parameters: dict[str, Any]) -> str:
+    """"\ndrawn as: a [large] red circle ..." when the upsampler rewrote the prompt ([...]: the seed chose it)."""
+    marked = parameters.get("drawn_marked")
+    if not marked:
+        return ""
+    chosen = " ([...]: chosen by the seed)" if parameters.get("seed_chose") else ""
+    return f"\ndrawn as: {marked}{chosen}"
+
+
+def upsample_update(spec: ModelSpec, value: bool | None = None) -> Any:
+    """The "Upsample prompt" checkbox for ``spec``: shown only when it declares an upsampler."""
+    upsampler = spec.prompt_upsampler
+    if upsampler is None:
+        return gr.update(visible=False, value=False)
+    return gr.update(visible=True, value=upsampler.default_on if value is None else value, info=upsampler.cost_note)
 
 
 class PageHandlers:
@@ -117,7 +135,7 @@ class PageHandlers:
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
                  guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
-                 style: Any = "None", style_scale: Any = 1.0, request: gr.Request = None,
+                 style: Any = "None", style_scale: Any = 1.0, upsample_prompt: Any = None, request: gr.Request = None,
                  progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str]]:
         """Stream (gallery, live preview): one update per finished image, and previews while denoising.
 
@@ -126,12 +144,14 @@ class PageHandlers:
         sends them (the event has ``postprocess=False``; see web/outputs.py).
         """
         queued = CurrentEvent.capture()
+        # upsample_prompt left out (None): the model's own default
+        upsample = {} if upsample_prompt is None else {"upsample_prompt": upsample_prompt}
         try:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
                 num_images=num_images, previews=previews, negative_prompt=negative_prompt, style=style,
-                style_scale=style_scale), self.settings.limits)
+                style_scale=style_scale, **upsample), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None
@@ -224,8 +244,10 @@ class PageHandlers:
         if self.warmup_throttle.allow(getattr(getattr(request, "client", None), "host", None)):
             self.engine.warmup_in_background(model_id, mode, may_evict=False)
 
-    def _model_controls(self, spec: ModelSpec, resolution: str, steps: int, guidance: float, mode: str):
-        """Updates for (resolution, steps, guidance, header, details) showing ``spec``'s limits."""
+    def _model_controls(self, spec: ModelSpec, resolution: str, steps: int, guidance: float, mode: str,
+                        upsample: bool | None = None):
+        """Updates for (resolution, steps, guidance, header, details, upsample prompt) showing ``spec``'s
+        limits; the upsample checkbox shows only for a model with an upsampler (``None``: its default)."""
         low, high = spec.guidance_range or (spec.default_guidance, spec.default_guidance + 1)
         return (
             gr.update(choices=self.resolution_choices(spec), value=resolution),
@@ -234,6 +256,7 @@ class PageHandlers:
                       info="fixed by this model" if spec.guidance_fixed else "classifier-free guidance"),
             self.header_html(spec.id),
             self.details_markdown(spec.id, mode),
+            upsample_update(spec, upsample),
         )
 
     def switch_mode(self, model_id: Any, mode: Any, request: gr.Request = None):
@@ -325,15 +348,17 @@ class PageHandlers:
                 f"{chip('model', 'model', spec.title, spec.id)}"
                 f"{chip('placement', 'placement', placement.split(':')[0], placement)}</div></div>")
 
-    def vocabulary_line(self, prompt: Any, model_id: Any) -> Any:
+    def vocabulary_line(self, prompt: Any, model_id: Any, upsample: Any = False) -> Any:
         """The line under the prompt naming the words the model cannot read (hidden when none, or
-        when the model declares no vocabulary); the generation itself is never refused for it."""
+        when the model declares no vocabulary); the generation itself is never refused for it. With
+        the prompt upsampler on, the words are those its language reads (it passes the rest over)."""
         try:
             spec = self.engine.spec(check_model(model_id, self.settings.limits).id)
         except RequestError:
             return gr.update(value="", visible=False)
         text = prompt if isinstance(prompt, str) else ""
-        note = vocabulary_note(load_vocabulary(spec.vocabulary_path) if spec.vocabulary_path else None,
+        path = spec.language_path if upsample is True and spec.language_path else spec.vocabulary_path
+        note = vocabulary_note(load_vocabulary(path) if path else None,
                                spec.short_title or spec.title, text[: self.settings.limits.max_prompt_chars])
         return gr.update(value=html.escape(note), visible=bool(note))
 

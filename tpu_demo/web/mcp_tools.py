@@ -83,6 +83,12 @@ class McpTools:
             return ", ".join([NO_STYLE] + [f"{s.name} ({s.title!r}" + (f", trigger words {s.trigger!r}" if s.trigger else "")
                                            + ")" for s in spec.styles])
 
+        def upsampling(spec: Any) -> str:
+            upsampler = spec.prompt_upsampler
+            if upsampler is None:
+                return "none"
+            return f"{upsampler.kind.value}, default {'on' if upsampler.default_on else 'off'} ({upsampler.cost_note})"
+
         scales = "; ".join(f"{m}: " + ", ".join(f"{s.name} {s.default_scale:g}" for s in self.engine.spec(m).styles)
                            for m in self.engine.specs if self.engine.spec(m).styles) or "no model here has styles"
 
@@ -103,6 +109,10 @@ class McpTools:
                             "ignored without a style); default: the style's own (" + scales + "), 1.0 without a style."),
             "negative_prompt": ("what the image should not show (only " + (", ".join(takes_negative) or "no model here")
                                 + " take one; leave empty for the others); default empty."),
+            "upsample_prompt": ("rewrite the prompt per image with the model's prompt upsampler before drawing (what "
+                                "the prompt leaves out is chosen from the image's seed; each image's caption says "
+                                "'drawn as: ...'); per model: " + self._per_model(upsampling)
+                                + "; ignored by a model without one."),
         }
 
     def _doc(self, summary: str, names: tuple[str, ...], returns: str) -> str:
@@ -118,16 +128,18 @@ class McpTools:
         def generate_images(prompt: str, model: str = start_model, mode: str = start_mode, resolution: str = "",
                             num_inference_steps: int | None = None, guidance_scale: float | None = None,
                             seed: int = 0, num_images: int = 1, negative_prompt: str = "", style: str = NO_STYLE,
-                            style_scale: float | None = None, request: gr.Request = None) -> str:
+                            style_scale: float | None = None, upsample_prompt: bool | None = None,
+                            request: gr.Request = None) -> str:
             return self.generate(prompt, model, mode, resolution, num_inference_steps, guidance_scale, seed,
-                                 num_images, negative_prompt, style, style_scale, request)
+                                 num_images, negative_prompt, style, style_scale, upsample_prompt, request)
 
         def compare_execution_modes(prompt: str, model: str = start_model, resolution: str = "",
                                     num_inference_steps: int | None = None, guidance_scale: float | None = None,
                                     seed: int = 0, negative_prompt: str = "", style: str = NO_STYLE,
-                                    style_scale: float | None = None, request: gr.Request = None) -> str:
+                                    style_scale: float | None = None, upsample_prompt: bool | None = None,
+                                    request: gr.Request = None) -> str:
             return self.compare(prompt, model, resolution, num_inference_steps, guidance_scale, seed, negative_prompt,
-                                style, style_scale, request)
+                                style, style_scale, upsample_prompt, request)
 
         def list_models() -> str:
             return self.models_json()
@@ -138,12 +150,13 @@ class McpTools:
             "compiled graph per resolution bucket. Each image is a PNG URL carrying its settings, with a link "
             "that reopens the demo page with them.", tuple(links.LINK_FIELDS.values()) + ("num_images",),
             "text: what ran (device, model, mode, bucket warm or compiled, seconds), then per image its seed, "
-            "timings, PNG URL and reproduce link.")
+            "timings, what it was drawn as (when the prompt upsampler rewrote the prompt), PNG URL and reproduce link.")
         compare_execution_modes.__doc__ = self._doc(
             "Run one prompt and seed in all three execution modes (strict eager, optimized eager, compiled) "
             "and compare them warm against warm: seconds per image, speedup over strict eager and the "
             "largest pixel difference.", ("prompt", "model", "resolution", "num_inference_steps",
-                                           "guidance_scale", "seed", "negative_prompt", "style", "style_scale"),
+                                           "guidance_scale", "seed", "negative_prompt", "style", "style_scale",
+                                           "upsample_prompt"),
             "text: one line per mode with its timing and the URL of its image.")
         list_models.__doc__ = ("List the models this server offers: their resolution buckets, step and guidance "
                                "ranges and defaults, their styles (name, trigger words, default strength) and which buckets are warm "
@@ -152,7 +165,7 @@ class McpTools:
         return generate_images, compare_execution_modes, list_models
 
     def _raw(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, style: Any,
-             style_scale: Any) -> dict[str, Any]:
+             style_scale: Any, upsample: Any = None) -> dict[str, Any]:
         """Fill the model's defaults for what the caller left out (the rest is checked as sent): a style's
         strength left out is the style's own, as the API's validation has it."""
         try:
@@ -164,7 +177,9 @@ class McpTools:
                     num_inference_steps=spec.default_steps if steps is None else steps,
                     guidance_scale=spec.default_guidance if guidance is None else guidance,
                     style=NO_STYLE if style is None else style,
-                    style_scale=default_scale(spec.styles, style) if style_scale is None else style_scale)
+                    style_scale=default_scale(spec.styles, style) if style_scale is None else style_scale,
+                    upsample_prompt=(spec.prompt_upsampler is not None and spec.prompt_upsampler.default_on
+                                     if upsample is None else upsample))
 
     def _keep(self, path: str) -> str:
         return str(self.keeper.move_resource_to_block_cache(path))
@@ -174,8 +189,9 @@ class McpTools:
         return "warm" if any(b.state is BucketState.WARM for b in rows) else "cold (compiled for this request)"
 
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
-                 num_images: Any, negative_prompt: Any, style: Any, style_scale: Any, request: gr.Request | None) -> str:
-        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale)
+                 num_images: Any, negative_prompt: Any, style: Any, style_scale: Any, upsample: Any,
+                 request: gr.Request | None) -> str:
+        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale, upsample)
         try:  # checked here first only to say how warm the bucket was before the run; generate checks again
             checked = validate_request(dict(raw, mode=mode, seed=seed, num_images=num_images,
                                             negative_prompt=negative_prompt), self.limits)
@@ -188,7 +204,7 @@ class McpTools:
         for gallery, _ in self.handlers.generate(raw["prompt"], raw["model"], mode, raw["resolution"],
                                                  raw["num_inference_steps"], raw["guidance_scale"], seed, num_images,
                                                  False, negative_prompt, raw["style"], raw["style_scale"],
-                                                 request=request):
+                                                 raw["upsample_prompt"], request=request):
             for item in gallery:  # into Gradio's cache before the handler's own files go
                 path = item["image"]["path"]
                 kept.setdefault(path, self._keep(path))
@@ -207,12 +223,13 @@ class McpTools:
         return "\n".join(lines)
 
     def compare(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
-                negative_prompt: Any, style: Any, style_scale: Any, request: gr.Request | None) -> str:
-        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale)
+                negative_prompt: Any, style: Any, style_scale: Any, upsample: Any, request: gr.Request | None) -> str:
+        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale, upsample)
         final: tuple[Any, ...] = ()
         updates: Iterator = self.comparer.compare_modes(raw["prompt"], negative_prompt, raw["model"], raw["resolution"],
                                                         raw["num_inference_steps"], raw["guidance_scale"], seed,
-                                                        raw["style"], raw["style_scale"], request=request)
+                                                        raw["style"], raw["style_scale"], raw["upsample_prompt"],
+                                                        request=request)
         for update in updates:
             final = update
         gallery, _, figures = final
@@ -245,6 +262,9 @@ class McpTools:
                              {"min": spec.guidance_range[0], "max": spec.guidance_range[1],
                               "default": spec.default_guidance}),
                 "negative_prompt": spec.negative_prompt, "warm_buckets": warm,
+                "prompt_upsampler": (None if spec.prompt_upsampler is None else
+                                     {"kind": spec.prompt_upsampler.kind.value,
+                                      "default": spec.prompt_upsampler.default_on}),
                 "styles": [{"name": s.name, "title": s.title, "trigger": s.trigger, "default_scale": s.default_scale}
                            for s in spec.styles] if not refusal else [],
                 "styles_refused": refusal, "style_scale": {"min": STYLE_SCALE_RANGE[0], "max": STYLE_SCALE_RANGE[1]},

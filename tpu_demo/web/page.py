@@ -55,6 +55,12 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
                 # words outside the model's declared vocabulary (tiny-shapes declares one), if any
                 vocabulary = gr.Markdown("", visible=False, elem_id="vocabulary-note")
+                # the model's prompt upsampler (tiny-shapes: its sentence form, the seed choosing what the
+                # prompt leaves out; FLUX.2: its text encoder); each caption says what was drawn
+                upsampler = spec.prompt_upsampler
+                upsample = gr.Checkbox(label="Upsample prompt", value=upsampler is not None and upsampler.default_on,
+                                       visible=upsampler is not None, info=upsampler.cost_note if upsampler else None,
+                                       elem_id="upsample-prompt")
                 # a page opened from a reproduce link: what it filled (or which parameter is wrong)
                 link_note = gr.HTML("", visible=False, elem_id="link-note")
                 generate_this = gr.Button("Generate this", variant="primary", visible=False, elem_id="generate-this")
@@ -124,7 +130,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         timer = gr.Timer(settings.status_refresh_seconds)
 
         inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews, negative_prompt, style,
-                  style_scale]
+                  style_scale, upsample]
         generation = gr.on(
             triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
@@ -142,7 +148,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             api_visibility="private",
         ).then(
             comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed, style,
-                                            style_scale],
+                                            style_scale, upsample],
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
@@ -150,7 +156,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         )
         comparison.success(history.after_compare, [compare_gallery], [history_view], api_visibility="private",
                            queue=False, show_progress="hidden")
-        gr.on([prompt.change, model.change], handlers.vocabulary_line, [prompt, model], [vocabulary],
+        gr.on([prompt.change, model.change, upsample.change], handlers.vocabulary_line, [prompt, model, upsample],
+              [vocabulary],
               api_visibility="private", queue=False, trigger_mode="always_last", show_progress="hidden")
         model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),
                     [model], [negative_prompt], api_visibility="private", queue=False)
@@ -164,8 +171,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         copy_link.click(share.link_query, [gallery, selected], [link_box], api_visibility="private", queue=False).then(
             None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
         demo.load(share.open_link, [page_query], [prompt, model, mode, resolution, steps, guidance, seed, randomize,
-                                                  header, details, negative_prompt, num_images, style, style_scale,
-                                                  link_note, generate_this],
+                                                  header, details, upsample, negative_prompt, num_images, style,
+                                                  style_scale, link_note, generate_this],
                   js=QUERY_JS, api_visibility="private", queue=False)
         # the MCP tools (Gradio's MCP server serves every public endpoint as one): same queues as the page;
         # the page's own endpoints stay in the API and are not tools
@@ -175,7 +182,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                concurrency_limit=settings.generate_concurrency)
         gr.api(compare_tool, api_name=COMPARE_TOOL, concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1)
         gr.api(models_tool, api_name=MODELS_TOOL, queue=False)
-        model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details],
+        model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details, upsample],
                     api_visibility="private", queue=False)
         model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],
                     [style, style_scale], api_visibility="private", queue=False)
@@ -183,8 +190,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         # "Reuse settings" set both, and do not fire .input)
         style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id).styles, name), [model, style],
                     [style_scale], api_visibility="private", queue=False, show_progress="hidden")
-        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, negative_prompt,
-                    style, style_scale]
+        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, upsample,
+                    negative_prompt, style, style_scale]
         gallery.select(handlers.restore.remember_selection, None, [selected], api_visibility="private", queue=False)
         reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored,
                            api_visibility="private", queue=False)

@@ -20,8 +20,8 @@ from tpu_demo.core.request import RequestError, RequestLimits, validate_request
 from tpu_demo.web.outputs import user_error
 
 #: the controls a restore fills: prompt, model, mode, resolution, steps, guidance, seed, randomize,
-#: header, details, negative prompt, style, style strength
-RESTORED_OUTPUTS = 13
+#: header, details, upsample prompt, negative prompt, style, style strength
+RESTORED_OUTPUTS = 14
 
 
 def read_png_settings(path: str | Path | None) -> dict | None:
@@ -42,12 +42,12 @@ class SettingsRestore:
 
     def __init__(self, limits: RequestLimits, start_model: str,
                  checked: Callable[[Any, Any], tuple[ModelSpec, ExecutionMode]],
-                 model_controls: Callable[[ModelSpec, str, int, float, str], tuple],
+                 model_controls: Callable[..., tuple],
                  style_controls: Callable[[ModelSpec, str, float], tuple] = lambda spec, style, scale: ()):
         self.limits, self.start_model = limits, start_model
         #: model and mode checked like a generation's (the engine's spec of the model)
         self.checked = checked
-        #: updates for (resolution, steps, guidance, header, details) showing a model's limits
+        #: updates for (resolution, steps, guidance, header, details, upsample prompt) showing a model's limits
         self.model_controls = model_controls
         #: updates for (style, style strength) showing a model's styles (web/styles.py)
         self.style_controls = style_controls
@@ -69,7 +69,7 @@ class SettingsRestore:
             return (gr.skip(),) * RESTORED_OUTPUTS
         spec, _ = self.checked(checked.model, checked.mode.value)
         restored = self.model_controls(spec, checked.resolution, checked.num_inference_steps,
-                                       checked.guidance_scale, checked.mode.value)
+                                       checked.guidance_scale, checked.mode.value, checked.upsample_prompt)
         gr.Info("Settings restored from the image.")
         negative = gr.update(value=checked.negative_prompt, visible=spec.negative_prompt)
         return (checked.prompt, checked.model, checked.mode.value, *restored[:3], checked.seed, False,

@@ -33,22 +33,22 @@ COPY_JS = """(query) => {
 QUERY_JS = "() => window.location.search"
 
 #: the controls ``open_link`` fills: prompt, model, mode, resolution, steps, guidance, seed, randomize,
-#: header, details, negative prompt, number of images, style, style strength, the link note, the
-#: Generate this button
-LINK_OUTPUTS = 16
+#: header, details, upsample prompt, negative prompt, number of images, style, style strength, the link
+#: note, the Generate this button
+LINK_OUTPUTS = 17
 
 
 class ShareLinks:
     """Copy link (from the gallery's selected image) and the page opened from a link."""
 
     def __init__(self, limits: RequestLimits, checked: Callable[[Any, Any], tuple[ModelSpec, ExecutionMode]],
-                 model_controls: Callable[[ModelSpec, str, int, float, str], tuple],
+                 model_controls: Callable[..., tuple],
                  style_controls: Callable[[ModelSpec, str, float], tuple],
                  style_refusal: Callable[[str], str | None] = lambda model_id: None):
         self.limits = limits
         #: model and mode checked like a generation's (the engine's spec of the model)
         self.checked = checked
-        #: updates for (resolution, steps, guidance, header, details) showing a model's limits
+        #: updates for (resolution, steps, guidance, header, details, upsample prompt) showing a model's limits
         self.model_controls = model_controls
         #: updates for (style, style strength) showing a model's styles, one selected (web/styles.py)
         self.style_controls = style_controls
@@ -92,7 +92,7 @@ class ShareLinks:
             note = f"<p class='link-note link-error' role='alert'>This link cannot be used: {html.escape(str(error))}.</p>"
             return (*(gr.skip(),) * (LINK_OUTPUTS - 2), gr.update(value=note, visible=True), gr.update(visible=False))
         controls = self.model_controls(spec, request.resolution, request.num_inference_steps,
-                                       request.guidance_scale, mode.value)
+                                       request.guidance_scale, mode.value, request.upsample_prompt)
         note = ("<p class='link-note' role='status'>Settings from a shared link: "
                 "<strong>Generate this</strong> makes the same image (nothing has run yet).</p>")
         return (request.prompt, request.model, mode.value, *controls[:3], request.seed, False, *controls[3:],
