@@ -6,7 +6,12 @@ defaults and read by the strict judge; it is kept when every attribute is right 
 The first ``MAX_EXAMPLES`` kept lines (what the page lists) are written in the prompts-file format
 (``caption | WIDTHxHEIGHT`` for a bucket other than the first).
 
-    python scripts/pick_examples.py [--write assets/tiny_shapes_prompts.txt]
+``VARIED`` candidates leave attributes to the seed and are shown as four images: each is drawn through
+the model's prompt upsampler (``language.json``) at seeds 0-7 and judged on the whole sentence it was
+drawn as; it is kept when that is right at ``--min-right`` seeds and its first four seeds draw four
+different sentences. They are listed first.
+
+    python scripts/pick_examples.py [--varied-only] [--write assets/tiny_shapes_prompts.txt]
 """
 
 from __future__ import annotations
@@ -69,6 +74,29 @@ CANDIDATES = [
 ]
 
 
+#: (prompt, bucket, images) that leave attributes to the seed: the page shows each as four images
+VARIED = [
+    ("a yellow triangle", "64x64", 4),
+    ("a red circle and a blue square", "128x128", 4),
+    ("a big green square on black", "96x64", 4),
+    ("two purple circles", "64x96", 4),
+]
+
+
+def varied_line(pipe, language, defaults: dict, prompt: str, bucket: str, images: int, seeds: int,
+                min_right: int) -> str | None:
+    """The prompts-file line of a VARIED candidate, or None when the model misses it too often."""
+    width, height = (int(v) for v in bucket.split("x"))
+    drawn = [language.rewrite(prompt, seed).text for seed in range(seeds)]
+    right = [evaluate_pipeline(pipe, [parse_caption(text)], seed=seed, size=(width, height),
+                               **defaults)["results"][0]["all"] for seed, text in enumerate(drawn)]
+    keep = sum(right) >= min_right and len(set(drawn[:images])) == images
+    marks = "".join("+" if r else "-" for r in right)
+    print(f"{sum(right)}/{seeds} {marks} {'kept' if keep else 'dropped'}: {prompt} | {bucket} | {images} images",
+          flush=True)
+    return f"{prompt} | {bucket} | {images} images" if keep else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=MODEL_DIR)
@@ -76,6 +104,7 @@ def main() -> None:
     parser.add_argument("--min-right", type=int, default=7)
     parser.add_argument("--write", type=Path, default=None, help="write the kept lines to this prompts file")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--varied-only", action="store_true", help="judge only the VARIED candidates")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from diffusers import FluxPipeline
@@ -84,8 +113,13 @@ def main() -> None:
     pipe.set_progress_bar_config(disable=True)
     defaults = json.loads((args.model / "demo_defaults.json").read_text())
     first_bucket = f"{defaults['width']}x{defaults['height']}"
-    kept = []
-    for caption, bucket in CANDIDATES:
+    from tpu_demo.core.catalog import get_spec
+    from tpu_demo.models.prompt_language import PromptLanguage
+
+    language = PromptLanguage.load(args.model / get_spec("tiny-shapes").prompt_upsampler.language_file)
+    kept = [line for prompt, bucket, images in VARIED
+            if (line := varied_line(pipe, language, defaults, prompt, bucket, images, args.seeds, args.min_right))]
+    for caption, bucket in [] if args.varied_only else CANDIDATES:
         width, height = (int(v) for v in bucket.split("x"))
         right = [evaluate_pipeline(pipe, [parse_caption(caption)], seed=seed, size=(width, height),
                                    **defaults)["results"][0]["all"] for seed in range(args.seeds)]

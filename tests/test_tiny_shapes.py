@@ -221,17 +221,27 @@ def test_shipped_files():
     assert defaults["height"] == defaults["width"] == 64
     from tpu_demo.web.handlers import example_rows
 
+    from tpu_demo.models.prompt_language import PromptLanguage
+
     lines = [line for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
     rows = example_rows(get_spec("tiny-shapes"))
-    assert rows and len(rows) == len(lines) <= 12
+    assert rows and len(rows) == len(lines) <= 16
     vocabulary = load_vocabulary(MODEL_DIR / "vocabulary.json")
     assert vocabulary is not None
     assert sorted(vocabulary.words) == sorted(captions.vocabulary_record(varied=False)["words"])
+    language = PromptLanguage.load(get_spec("tiny-shapes").language_path)
+    buckets = [str(b) for b in get_spec("tiny-shapes").buckets]
+    scenes, varied = [(r, i) for _, r, i in rows if i == 1], [(p, r, i) for p, r, i in rows if i > 1]
     for prompt, resolution, images in rows:
-        sd.parse_caption(prompt)  # within the grammar the weights were trained on
-        assert vocabulary.unknown_words(prompt) == [], prompt
-        assert resolution in [str(b) for b in get_spec("tiny-shapes").buckets] and images == 1
-    assert {resolution for _, resolution, _ in rows} == {str(b) for b in get_spec("tiny-shapes").buckets}
+        assert resolution in buckets
+        if images == 1:  # a fully specified scene: within the grammar the weights were trained on
+            sd.parse_caption(prompt)
+            assert vocabulary.unknown_words(prompt) == [], prompt
+        else:  # leaves attributes to the seed: the upsampler draws each image differently, in the grammar
+            drawn = {language.rewrite(prompt, seed).text for seed in range(images)}
+            assert len(drawn) == images and all(sd.parse_caption(d) for d in drawn), prompt
+    # fully specified scenes at every bucket, and left-out prompts shown as four images
+    assert {r for r, _ in scenes} == set(buckets) and varied and all(i == 4 for _, _, i in varied)
 
 
 def test_shipped_model_loads_and_draws(shipped_pipeline):

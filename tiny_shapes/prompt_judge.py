@@ -76,11 +76,12 @@ def distinct_layouts(results: list[dict]) -> int:
 
 
 def evaluate_prompts(pipe, prompts: list[Prompt], size: tuple[int, int], seeds: int = 1, seed: int = 0,
-                     batch_size: int = 16, text=lambda p: p.text, **call_kwargs) -> dict:
+                     batch_size: int = 16, text=lambda p: p.text, upsample=None, **call_kwargs) -> dict:
     """Generate ``seeds`` images per prompt (seed ``seed + 1000 * k + i`` for prompt i, seed k) and
     judge them: accuracy per metric over the images where it applies, the mean number of distinct
     layouts per prompt over its seeds, and the per-image results. ``text`` renders a prompt's
-    caption (e.g. in mixed letter case)."""
+    caption (e.g. in mixed letter case); ``upsample(text, seed)``, when given, rewrites it per image
+    from that image's seed, as the app's prompt upsampler does."""
     import torch
 
     call = dict(call_kwargs, width=size[0], height=size[1])
@@ -94,7 +95,10 @@ def evaluate_prompts(pipe, prompts: list[Prompt], size: tuple[int, int], seeds: 
         kwargs = dict(call)
         if isinstance(kwargs.get("negative_prompt"), str):
             kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * len(chunk)
-        out = pipe(prompt=[text(prompts[i]) for i, _ in chunk], generator=generators, **kwargs).images
+        texts = [text(prompts[i]) for i, _ in chunk]
+        if upsample is not None:
+            texts = [upsample(t, seed + 1000 * k + i) for t, (i, k) in zip(texts, chunk)]
+        out = pipe(prompt=texts, generator=generators, **kwargs).images
         for (i, _), image in zip(chunk, out):
             results[i].append(judge_prompt(prompts[i], image))
             images[i].append(image)
