@@ -55,7 +55,7 @@ def test_tools_schemas_generate_compare_and_errors(launch_app):
     assert schema["required"] == ["prompt"]
     assert set(schema["properties"]) == {"prompt", "model", "mode", "resolution", "num_inference_steps",
                                          "guidance_scale", "seed", "num_images", "negative_prompt", "style",
-                                         "style_scale"}
+                                         "style_scale", "upsample_prompt"}
     for name, prop in schema["properties"].items():
         assert prop.get("description"), f"{name} has no description"
     assert "64x64" in schema["properties"]["resolution"]["description"]  # this server's buckets, per model
@@ -333,3 +333,23 @@ def test_a_cancel_is_tied_to_one_running_call_of_that_address_or_to_none():
     assert calls.running_key("10.0.0.1", 1) == "mcp:b"
     calls.finished("10.0.0.1", 1, "mcp:b")
     assert calls.running_key("10.0.0.1", 1) is None
+
+
+def test_generate_takes_upsample_prompt_and_says_what_each_image_was_drawn_as(launch_app):
+    """The prompt upsampler through the official client: on (tiny-shapes' default), each image's line
+    says what it was drawn as, its PNG keeps the typed and the drawn prompt, its link carries upsample=1;
+    off, the prompt is drawn as typed."""
+    app, url = launch_app("--no-warmup")
+    shapes = dict(prompt="a yellow triangle", model="tiny-shapes", mode="eager", resolution="64x64",
+                  num_inference_steps=4, guidance_scale=3.0, seed=11, num_images=2)
+    text = text_of(result := call(url, "generate_images", shapes))
+    assert not result.isError, text
+    drawn = [line.split("drawn as: ", 1)[1] for line in text.splitlines() if "drawn as: " in line]
+    assert len(drawn) == 2 and drawn[0] != drawn[1] and all("yellow triangle" in d for d in drawn), text
+    assert text.count("upsample=1&seed=") == 2
+    with Image.open(io.BytesIO(httpx.get(png_urls(text)[1]).content)) as image:
+        settings = json.loads(image.text[pngmeta.JSON_KEY])
+    assert settings["prompt"] == "a yellow triangle" and settings["upsample_prompt"] is True
+    assert settings["drawn_prompt"] == drawn[1].split(" ([")[0].replace("[", "").replace("]", "")
+    plain = text_of(call(url, "generate_images", dict(shapes, upsample_prompt=False)))
+    assert "drawn as" not in plain and "upsample=" not in plain, plain
