@@ -133,9 +133,9 @@ def main(argv=None):
     p.add_argument("--random-only", action="store_true", help="only the random-weights baseline (and chance)")
     p.add_argument("--vae-ceiling", action="store_true",
                    help="add a row for the VAE's own reconstructions of the ground-truth scenes (the ceiling)")
-    p.add_argument("--upsample", action="store_true",
-                   help="phrased, left-out, mixed-case: also evaluate the trained weights through the app's prompt "
-                        "upsampler (the model's language.json; held to the targets), beside the weights alone")
+    p.add_argument("--upsample", choices=["off", "on", "both"], default="off",
+                   help="phrased, left-out, mixed-case: evaluate the trained weights through the app's prompt "
+                        "upsampler (the model's language.json; held to the targets): on, or both beside the weights alone")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--grid", type=Path, default=None,
                    help="save PNG grids (ground truth above generated) as <grid stem>_<bucket>_<kind>.png")
@@ -193,7 +193,7 @@ def main(argv=None):
         from tiny_shapes import phrasing_evaluation
 
         upsample = None
-        if args.upsample:
+        if args.upsample != "off":
             from tpu_demo.models.prompt_language import PromptLanguage
 
             language = PromptLanguage.load(args.model / "language.json")
@@ -202,7 +202,8 @@ def main(argv=None):
                 drawn = language.rewrite(text, seed)
                 return text if drawn is None else drawn.text
 
-        text, record, met = phrasing_evaluation.run(models, wording, buckets, kwargs, upsample)
+        text, record, met = phrasing_evaluation.run(models, wording, buckets, kwargs, upsample,
+                                                    without=args.upsample == "both")
         print(text, flush=True)
         report["wording"] = record
         passed &= met or "trained" not in models

@@ -58,14 +58,15 @@ def variety(result: dict, prompts: list[captions.Prompt]) -> float | None:
 
 
 def run(models: dict, kinds: list[str], buckets: list[tuple[int, int]], kwargs: dict,
-        upsample=None) -> tuple[str, dict, bool]:
+        upsample=None, without: bool = True) -> tuple[str, dict, bool]:
     """Evaluate ``models`` (name -> pipeline; "trained" is held to the targets) on ``kinds``.
     ``upsample(text, seed)``: the app's prompt upsampler; the trained weights are then evaluated
-    with it ("trained + upsampler", held to the targets) and without it ("trained", the model's own).
-    Returns a markdown report, a JSON-able record and whether every target is met."""
+    with it ("trained + upsampler", held to the targets) and, unless ``without`` is False, without
+    it ("trained", the model's own). Returns a markdown report, a JSON-able record and whether every
+    target is met."""
     if upsample is not None and "trained" in models:
-        models = {"trained": models["trained"], UPSAMPLED: models["trained"],
-                  **{k: v for k, v in models.items() if k != "trained"}}
+        plain = {"trained": models["trained"]} if without else {}
+        models = {**plain, UPSAMPLED: models["trained"], **{k: v for k, v in models.items() if k != "trained"}}
     held = UPSAMPLED if upsample is not None else "trained"
     sets = prompt_sets()
     lines, record, passed = [], {}, True

@@ -11,12 +11,9 @@ Guarantees:
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import json
 import math
 import random
-from collections import Counter
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -27,12 +24,12 @@ from tpu_demo.core.upsampling import DrawnPrompt
 
 _TOKEN = re.compile(r"[^\W_]+|[,.;:!?]")
 _BOUNDARY = {",", ".", ";", ":", "!", "?"}
-#: a reading with more possible draws than this (two shapes, colours and shapes left out) is drawn at random
-_MAX_OUTCOMES = 4096
-#: random draws tried before giving up on the rules (named values that break them)
+#: draws tried before giving up on the rules (named values that break them)
 _DRAW_TRIES = 200
 #: the golden ratio's fractional part: the step of the seeds' walk over the possible draws
 _GOLDEN = (math.sqrt(5) - 1) / 2
+#: the step between one seed's successive draws when one breaks a rule (another irrational)
+_REDRAW_STEP = math.sqrt(2) - 1
 
 
 @dataclass
@@ -201,51 +198,23 @@ class PromptLanguage:
     def draw(self, reading: Reading, seed: int) -> tuple[list[dict[str, str]], dict[str, str]]:
         """Every slot of the scene: the named ones as read, the others drawn from ``seed``.
 
-        The draw is the training scenes' (each left-out value uniform, the forcing rules applied,
-        draws that break a rule refused), and consecutive seeds walk it with a golden-ratio step
-        (a quasi-random sequence): eight seeds of "a red circle" are eight different scenes where
-        independent draws would repeat some. Past ``_MAX_OUTCOMES`` possible draws it is a plain
-        random draw from the seed.
+        The draw is the training scenes' (each left-out value uniform, the forcing rules applied, a
+        draw that breaks a rule drawn again), made from a quasi-random sequence: seed ``s`` takes the
+        point ``frac(0.5 + s * golden ratio)`` of all possible draws (a mixed-radix number over the
+        left-out slots), so consecutive seeds land far apart and eight seeds of "a red circle" are
+        eight different scenes where independent draws would repeat some.
         """
-        table = self._outcomes(_reading_key(reading))
-        if table is None:
-            return self._draw_at_random(reading, random.Random(seed))
-        outcomes, cumulative = table
-        point = ((0.5 + seed * _GOLDEN) % 1.0) * cumulative[-1]
-        objects, scene = outcomes[min(bisect.bisect_right(cumulative, point), len(outcomes) - 1)]
-        return [dict(o) for o in objects], dict(scene)
-
-    @lru_cache(maxsize=256)
-    def _outcomes(self, key: tuple) -> tuple[list, list[float]] | None:
-        """Every possible draw of ``key``'s reading and how often the training scenes' process gives it
-        (cumulative, in a fixed shuffled order), or None when there are more than ``_MAX_OUTCOMES``."""
-        reading = _reading_from_key(key)
         values = self._draw["values"]
         left_out = [(i, slot) for i, named in enumerate(reading.objects) for slot in self.object_slots
                     if slot not in named] + [(-1, slot) for slot in self.scene_slots if slot not in reading.scene]
-        if math.prod(len(values[slot]) for _, slot in left_out) > _MAX_OUTCOMES:
-            return None
-        weights: Counter = Counter()
-        for combo in itertools.product(*(values[slot] for _, slot in left_out)):
+        total = math.prod(len(values[slot]) for _, slot in left_out)
+        for attempt in range(_DRAW_TRIES):
+            index = int(((0.5 + seed * _GOLDEN + attempt * _REDRAW_STEP) % 1.0) * total)
             objects = [dict(named) for named in reading.objects]
             scene = dict(reading.scene)
-            for (i, slot), value in zip(left_out, combo):
-                (scene if i < 0 else objects[i])[slot] = value
-            self._force(objects, reading)
-            if self._allowed(objects, scene, reading):
-                weights[(tuple(tuple(sorted(o.items())) for o in objects), tuple(sorted(scene.items())))] += 1
-        if not weights:
-            return None
-        outcomes = sorted(weights)
-        random.Random(repr(key)).shuffle(outcomes)  # neighbours in the walk are unlike scenes
-        return outcomes, list(itertools.accumulate(weights[o] for o in outcomes))
-
-    def _draw_at_random(self, reading: Reading, rng: random.Random) -> tuple[list[dict[str, str]], dict[str, str]]:
-        values = self._draw["values"]
-        for _ in range(_DRAW_TRIES):
-            objects = [{slot: named.get(slot) or rng.choice(values[slot]) for slot in self.object_slots}
-                       for named in reading.objects]
-            scene = {slot: reading.scene.get(slot) or rng.choice(values[slot]) for slot in self.scene_slots}
+            for i, slot in reversed(left_out):  # the last slot is the least significant digit
+                index, digit = divmod(index, len(values[slot]))
+                (scene if i < 0 else objects[i])[slot] = values[slot][digit]
             self._force(objects, reading)
             if self._allowed(objects, scene, reading):
                 break
@@ -312,14 +281,6 @@ class PromptLanguage:
             objects=join.join(marked_objects),
             **{s: phrase(s, v, s in reading.scene, True) for s, v in scene.items()})
         return DrawnPrompt(text=plain, marked=marked, seed_chose=tuple(chosen))
-
-
-def _reading_key(reading: Reading) -> tuple:
-    return tuple(tuple(sorted(o.items())) for o in reading.objects), tuple(sorted(reading.scene.items()))
-
-
-def _reading_from_key(key: tuple) -> Reading:
-    return Reading(tuple(dict(o) for o in key[0]), dict(key[1]))
 
 
 def _words(text: str) -> list[str]:
