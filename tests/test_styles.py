@@ -331,7 +331,7 @@ def test_style_training_takes_a_batch_per_bucket(tmp_path):
 
 
 def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
-    """The recipe flags of docs/tiny-shapes.md's 'Where the loss looks' (``striped`` ships with
+    """The recipe flags of docs/tiny-shapes.md's styles' recipes (``striped`` ships with
     ``--neighbour-weight 4``): weight 1 is the default recipe (``outline``'s; the same bytes), another
     weight trains another adapter, and so does ``--balance-pairs`` (its scenes are drawn otherwise);
     ``--ema-decay`` saves the weights' moving average instead; ``--save-dtype float16`` saves the same
