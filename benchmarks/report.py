@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-#: Targets from issue 7 (reported next to the measurement, not asserted).
+#: Targets (reported next to the measurement, not asserted).
 TARGETS = {
     "engine_overhead": "<= 1.02x",
     "app_overhead": "<= 1.10x and <= 25 ms",

@@ -1,4 +1,4 @@
-"""Draw self-pairs from a tiny-shapes pipeline (issue #34, experiment; tiny_shapes/self_pairs.py).
+"""Draw self-pairs from a tiny-shapes pipeline (an experiment; tiny_shapes/self_pairs.py).
 
 Left-out-attribute captions of training scenes are drawn from seeded starting noise; the images
 the strict judge passes are kept as (noise, caption, the scene drawn), for

@@ -3,9 +3,9 @@
 
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 python scripts/train_tiny_model.py --output assets/models/tiny-shapes --seed 0
 
-The defaults are the four-bucket recipe of issue #19 that made the shipped weights
+The defaults are the four-bucket recipe that made the shipped weights
 (docs/tiny-shapes.md#history, "fourth" for the VAE stage, "sixth" for one summed loss
-over the four buckets per transformer step, "Eighth attempt" for training scenes whose objects
+over the four buckets per transformer step, "eighth" for training scenes whose objects
 stand exactly at their positions, ``--jitter 0``).
 Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 

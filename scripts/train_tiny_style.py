@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(tiny_shapes.dataset.sample_scene)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--save-dtype", choices=("float32", "float16"), default="float32",
-                        help="the saved adapter's dtype: float16 halves the file, so rank 32 fits the 1 MB of issue #37 "
+                        help="the saved adapter's dtype: float16 halves the file, so rank 32 fits the 1 MB budget "
                              "(trained in float32 either way; the app loads it in the transformer's dtype)")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="all",

@@ -1,4 +1,4 @@
-"""Batching of one shape and overlap under load (issue 17), on real tiny pipelines and a real app.
+"""Batching of one shape and overlap under load, on real tiny pipelines and a real app.
 
 Engine tests: an image is the same batched or alone (several seeds, two models); a Stop of one
 request in a shared call leaves the others' images intact and ends its own stream at once;

@@ -1,4 +1,4 @@
-"""The coupling of starting noise and left-out attributes (tiny_shapes.coupling, issue #34): the noise
+"""The coupling of starting noise and left-out attributes (tiny_shapes.coupling): the noise
 names exactly what a caption leaves out, stays a standard normal draw, and leaves named attributes
 and the empty caption to plain noise."""
 

@@ -1,4 +1,4 @@
-"""Self-pairs (tiny_shapes/self_pairs.py, scripts/make_self_pairs.py, issue #34 experiment): the scene a
+"""Self-pairs (tiny_shapes/self_pairs.py, scripts/make_self_pairs.py, an experiment): the scene a
 judged image drew is rebuilt only when training could draw it, the real script writes pairs from a
 real pipeline, and training uses each pair's own noise (never for the empty caption)."""
 

@@ -324,7 +324,7 @@ SLICE = {"single": slice(None, None, 14), "two": slice(None, None, 12)}
 #: What the slice must reach, a guard against regressions set from the shipped weights' figures
 #: (docs/tiny-shapes.md#history, "eighth"; the slice measured 8/8 single shapes all right at every
 #: bucket, two shapes 9/9, 8/9, 9/9, 8/9 at 64x64 / 128x128 / 96x64 / 64x96), one image of margin
-#: below the worst bucket. The whole held-out sets meet issue #19's targets (single all >= 95%, two
+#: below the worst bucket. The whole held-out sets meet the targets (single all >= 95%, two
 #: shapes both objects all right >= 80%, at every bucket: 98.2% and 96-100%); a slice of 8 or 9
 #: prompts is too small to assert them without that margin.
 SLICE_FLOOR = {

@@ -1,5 +1,5 @@
 """Noise that chooses what a caption leaves out: a fixed coupling of the starting noise and the
-left-out attributes, for training on visitors' words (issue #34).
+left-out attributes, for training on visitors' words.
 
 Trained with independent noise, a caption that leaves the position out ("a red circle") has five
 right answers for every starting noise, and the rectified-flow target is their average: the tiny

@@ -33,7 +33,7 @@ TWO_SHAPE_METRICS = ("background", "count", "colour", "position", "shape", "size
 #: Accuracy targets on the held-out prompts (size is reported, not targeted).
 TARGETS = {"background": 0.95, "colour": 0.90, "position": 0.80, "shape": 0.70}
 #: Targets per bucket: single-shape scenes all right, two-shape scenes both objects all right
-#: (issue #19 set 95% / 80%; issue #34, training on people's words, keeps 95% and asks 90%).
+#: (95% / 80%; training on people's words keeps 95% and asks 90%).
 ALL_TARGETS = {"single": 0.95, "two": 0.90}
 #: Smallest area (pixels; sizes are pixels on every canvas) that counts as an object in a
 #: two-shape scene: a small shape is ~100-200 px, a blurred edge's stray pixels are a few.

@@ -24,7 +24,7 @@ from tiny_shapes.prompt_judge import NAMED_METRICS, evaluate_prompts
 SEEDS = 8
 #: the row of the trained weights read through the app's prompt upsampler
 UPSAMPLED = "trained + upsampler"
-#: Targets of issue #34 (all named attributes right; variety: mean distinct layouts over SEEDS seeds).
+#: Targets for people's words (all named attributes right; variety: mean distinct layouts over SEEDS seeds).
 TARGETS = {"phrased single": 0.95, "phrased two": 0.85, "left-out": 0.95, "variety": 5.0, "mixed-case gap": 0.02}
 #: Chance of one attribute for a uniformly random scene of the grammar.
 ATTRIBUTE_CHANCE = {"colour": 1 / 8, "shape": 1 / 3, "size": 1 / 2, "position": 1 / 5, "background": 1 / 3}

@@ -1,4 +1,4 @@
-"""Self-pairs: the model's own starting noise paired with the scene it drew from it (issue #34).
+"""Self-pairs: the model's own starting noise paired with the scene it drew from it.
 
 Rectified flow's *reflow* (Liu et al. 2022) retrains a model on pairs (noise, the sample its own
 ODE reached from that noise), so the paths straighten and the noise decides the result. Here the

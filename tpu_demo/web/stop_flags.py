@@ -2,7 +2,7 @@
 
 The page arms a flag at the click (before the queue), the generate handler takes it for its
 request, and Stop sets the session's current flag. Several generate handlers run at once
-(issue 17), so with ``--max-per-session`` above 1 a session's second request runs beside its
+(overlap under load), so with ``--max-per-session`` above 1 a session's second request runs beside its
 first: its flag waits in line and becomes the session's Stop flag when the first request ends,
 which is what Stop reached when requests ran one after another. Session hashes are chosen by
 the caller, so the number of sessions kept is bounded.
