@@ -121,6 +121,16 @@ class ModelSpec:
         return None if self.is_builtin else self.source
 
     @property
+    def card(self) -> str | None:
+        """Where the model's card is: its hub page, or the README.md beside an ``assets:`` model's weights
+        (a path in this repository); None for the built-in random stand-ins."""
+        if self.hub_repo is not None:
+            return f"https://huggingface.co/{self.hub_repo}"
+        if self.source.startswith("assets:") and (ASSETS_DIR / self.source.removeprefix("assets:") / "README.md").exists():
+            return f"assets/{self.source.removeprefix('assets:')}/README.md"
+        return None
+
+    @property
     def download_command(self) -> str | None:
         """The one command that puts this model's weights in the local hub cache (None: nothing to fetch).
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from tpu_demo.core.catalog import CATALOG
+
 
 def about_markdown(facts: dict[str, Any]) -> str:
     chips = f"{facts['chips']} TPU chip{'s' if facts['chips'] != 1 else ''}" if facts["device_kind"] == "tpu" \
@@ -18,9 +20,19 @@ def about_markdown(facts: dict[str, Any]) -> str:
         f"**Compile backend:** `{html.escape(facts['compile_backend'])}`",
         f"**Compile cache** (graphs on disk, survive restarts): {cache_text}",
         "",
-        "| model | placement |",
-        "|---|---|",
+        "| model | placement | model card |",
+        "|---|---|---|",
     ]
-    lines += [f"| {html.escape(model['title'])} | {html.escape(model['placement'])} |"
-              for model in facts["models"].values()]
+    lines += [f"| {html.escape(model['title'])} | {html.escape(model['placement'])} | {_card(model_id)} |"
+              for model_id, model in facts["models"].items()]
     return "\n".join(lines)
+
+
+def _card(model_id: str) -> str:
+    """A hub model's page as a link; the embedded default's card as its path in the repository."""
+    card = CATALOG[model_id].card if model_id in CATALOG else None
+    if card is None:
+        return "-"
+    if card.startswith("https://"):
+        return f"[{html.escape(card.removeprefix('https://huggingface.co/'))}]({card})"
+    return f"`{html.escape(card)}`"
