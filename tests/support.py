@@ -22,7 +22,7 @@ from conftest import request_fields
 
 # 2 steps at 64x64 on the tiny FLUX: a fraction of a second; every input given, in the handler's order,
 # so positional raw-HTTP bodies are complete
-GOOD = dict(previews=False, negative_prompt="", style="None", style_scale=1.0)
+GOOD = dict(previews=False, negative_prompt="", style="None", style_scale=1.0, upsample_prompt=False)
 
 
 def pixels(item) -> np.ndarray:

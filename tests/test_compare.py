@@ -112,7 +112,7 @@ def test_compare_obeys_the_per_session_limit_of_generate(launch_app):
     while not app.engine.status().busy and time.monotonic() < deadline:
         time.sleep(0.05)
     # raw HTTP on the /call route from another session, same address: 503 naming the address limit
-    body = json.dumps({"data": ["a red circle", "", "tiny-flux", "64x64", 2, 0.0, 1, "None", 1.0]}).encode()
+    body = json.dumps({"data": ["a red circle", "", "tiny-flux", "64x64", 2, 0.0, 1, "None", 1.0, False]}).encode()
     request = urllib.request.Request(url + "gradio_api/call/compare_modes", data=body,
                                      headers={"content-type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as refused:

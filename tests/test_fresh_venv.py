@@ -110,7 +110,7 @@ def test_the_app_and_the_launcher_run_from_the_fresh_venv(fresh_venv, tmp_path):
                 assert time.monotonic() < deadline, "the app did not start"
                 time.sleep(0.5)
         body = json.dumps({"data": list(request_fields(previews=False, negative_prompt="", style="None",
-                                                        style_scale=1.0).values())}).encode()
+                                                        style_scale=1.0, upsample_prompt=False).values())}).encode()
         posted = urllib.request.urlopen(urllib.request.Request(url + "gradio_api/call/generate", data=body,
                                                                headers={"content-type": "application/json"}), timeout=30)
         event_id = json.loads(posted.read())["event_id"]

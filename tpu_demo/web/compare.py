@@ -86,16 +86,16 @@ class CompareHandler:
 
     def compare_modes(self, prompt: Any, negative_prompt: Any, model: Any, resolution: Any, num_inference_steps: Any,
                       guidance_scale: Any, seed: Any, style: Any = "None", style_scale: Any = 1.0,
-                      upsample_prompt: Any = None, request: gr.Request = None,
+                      upsample_prompt: Any = False, request: gr.Request = None,
                       progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str, dict | None]]:
         """Stream (images so far, summary HTML, figures as JSON); the last update holds all three modes."""
         queued = CurrentEvent.capture()
-        upsample = {} if upsample_prompt is None else {"upsample_prompt": upsample_prompt}  # None: the model's default
         try:
             generation = validate_request(dict(
                 prompt=prompt, negative_prompt=negative_prompt, model=model, mode=ExecutionMode.EAGER.value,
                 resolution=resolution, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                seed=seed, num_images=1, previews=False, style=style, style_scale=style_scale, **upsample),
+                seed=seed, num_images=1, previews=False, style=style, style_scale=style_scale,
+                upsample_prompt=upsample_prompt),
                 self.page.settings.limits)
         except RequestError as error:
             self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)

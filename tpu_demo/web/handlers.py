@@ -135,7 +135,7 @@ class PageHandlers:
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
                  guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
-                 style: Any = "None", style_scale: Any = 1.0, upsample_prompt: Any = None, request: gr.Request = None,
+                 style: Any = "None", style_scale: Any = 1.0, upsample_prompt: Any = False, request: gr.Request = None,
                  progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str]]:
         """Stream (gallery, live preview): one update per finished image, and previews while denoising.
 
@@ -144,14 +144,12 @@ class PageHandlers:
         sends them (the event has ``postprocess=False``; see web/outputs.py).
         """
         queued = CurrentEvent.capture()
-        # upsample_prompt left out (None): the model's own default
-        upsample = {} if upsample_prompt is None else {"upsample_prompt": upsample_prompt}
         try:
             generation = validate_request(dict(
                 prompt=prompt, model=model, mode=mode, resolution=resolution,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
                 num_images=num_images, previews=previews, negative_prompt=negative_prompt, style=style,
-                style_scale=style_scale, **upsample), self.settings.limits)
+                style_scale=style_scale, upsample_prompt=upsample_prompt), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None
