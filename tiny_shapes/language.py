@@ -76,6 +76,9 @@ def language_record() -> dict:
         "words": words,
         "slots": slots,
         "object_slots": ["size", "colour", "shape", "position"],
+        # the word that ends an object's phrase ("a small red circle"), and the phrase written after or before it
+        "noun_slot": "shape",
+        "place_slot": "position",
         "scene_slots": ["background"],
         "background_words": {"after": list(BACKGROUND_AFTER), "before": list(BACKGROUND_BEFORE)},
         "filler": list(FILLER),

@@ -59,7 +59,8 @@ class PromptLanguage:
         self.counts: dict[str, int] = {k: int(v) for k, v in record.get("counts", {}).items()}
         self.background_after = set(record["background_words"]["after"])
         self.background_before = set(record["background_words"]["before"])
-        self.filler = set(record["filler"])
+        #: the slot whose word ends an object's phrase ("circle"), and the one written before or after it ("top left")
+        self.noun_slot, self.place_slot = record["noun_slot"], record["place_slot"]
         # phrase (tuple of words) -> [(slot, value)]: one phrase may name a value of several slots
         # ("white" is a colour and a background); the context decides which (_read)
         self._phrases: dict[tuple[str, ...], list[tuple[str, str]]] = {}
@@ -99,7 +100,7 @@ class PromptLanguage:
                 scene.setdefault(slot, value)
                 continue
             current = objects[-1] if objects else None
-            if slot == "position":
+            if slot == self.place_slot:
                 if current is not None and slot not in current.named and not (current.closed and joined_since_close):
                     current.named[slot] = value
                 else:
@@ -110,38 +111,35 @@ class PromptLanguage:
                         and not joined_since_close and tokens[start - 1:start] not in (["a"], ["an"])
                         and not self._shape_follows(items, index))
             if not trailing and (current is None or current.closed or slot in current.named):
-                if count > 1 and current is not None and current.closed:
-                    count = 1
                 current = _Object()
                 objects.append(current)
                 joined_since_close = False
                 if pending_positions:
-                    current.named["position"] = pending_positions.pop(0)
+                    current.named[self.place_slot] = pending_positions.pop(0)
             current.named[slot] = value
-            if slot == "shape":
+            if slot == self.noun_slot:
                 current.closed = True
                 joined_since_close = False
                 if count > 1:  # "two red circles": the same object again, its position left to the seed
-                    objects.extend(_Object({k: v for k, v in current.named.items() if k != "position"}, True)
+                    objects.extend(_Object({k: v for k, v in current.named.items() if k != self.place_slot}, True)
                                    for _ in range(count - 1))
                     count = 1
         for obj in objects:  # positions written before or after all the objects ("..., top left and bottom right")
-            if pending_positions and "position" not in obj.named:
-                obj.named["position"] = pending_positions.pop(0)
+            if pending_positions and self.place_slot not in obj.named:
+                obj.named[self.place_slot] = pending_positions.pop(0)
         objects = objects[: self.max_objects]
         if not objects:
             return None
         return Reading(tuple(dict(o.named) for o in objects), scene)
 
-    @staticmethod
-    def _shape_follows(items: list, index: int) -> bool:
-        """Whether a shape comes next, past sizes and colours only ("a little blue square")."""
+    def _shape_follows(self, items: list, index: int) -> bool:
+        """Whether a noun comes next, past other words of an object only ("a little blue square")."""
         for _, _, choices in items[index + 1:]:
             if not isinstance(choices, list):
                 return False
-            if any(slot == "shape" for slot, _ in choices):
+            if any(slot == self.noun_slot for slot, _ in choices):
                 return True
-            if not any(slot in ("size", "colour") for slot, _ in choices):
+            if not any(slot in self.object_slots and slot != self.place_slot for slot, _ in choices):
                 return False
         return False
 
@@ -181,7 +179,7 @@ class PromptLanguage:
         # "on white, a circle", "a circle on white", "backdrop: black"; but "on a white square" is an object's
         previous = before[-1] if before else ""
         previous_word = next((t for t in reversed(before) if t not in _BOUNDARY), "")
-        shape_next = bool(after) and any(slot == "shape" for slot, _ in self._phrases.get((after[0],), []))
+        shape_next = bool(after) and any(slot == self.noun_slot for slot, _ in self._phrases.get((after[0],), []))
         if (previous in self.background_before or previous_word in self.background_after) and not shape_next:
             return scene[0]
         return other[0]
