@@ -21,25 +21,17 @@ from tpu_demo.models.placement_plan import (CHIP_COUNTS, MEMORY_HEADROOM, TPU_CH
 
 HEADER = """# Placements
 
-For an operator sizing a TPU host: how each real model of the catalog is placed on each chip and
-chip count, and what one request moves between host and chip. This page is generated from the code
-that makes the decision (`tpu_demo/models/placement_plan.py`, fed by the catalog's per-component
-sizes, which `tests/test_placement_plan.py` checks against the real architectures within 3%) by
-`python scripts/placements_doc.py`, and a test fails when it is out of date. Other pages link here
-rather than repeat it.
+For an operator sizing a TPU host: how each real model is placed on each chip and chip count, and
+what one request moves. Generated from the code that decides (`tpu_demo/models/placement_plan.py`,
+fed by the catalog's per-component sizes) by `python scripts/placements_doc.py`; a test fails when it
+is out of date. Computed from weights, not measured on chips.
 
-The rules: a chip keeps {headroom:.0%} of its memory free for activations, the VAE decode and the
-compiler. On one chip the first placement that fits wins: **whole** (every component on the chip),
-then **resident** (transformer and VAE on the chip, text encoders on the host with cached prompt
-embeddings), then **offload** (`enable_model_cpu_offload()`: each component on the chip only while it
-runs). On a host with several chips, a model that fits one chip runs **one engine per chip**: independent
-processes, each pinned to its chip, behind one balancer, so every chip serves visitors and no
-collective joins them. A model that fits no single chip is sharded over all of them (**tensor-parallel**,
-one process per chip in one group, `scripts/serve_tp.sh N`), when each chip's share fits; a component
-without a tensor-parallel plan (FLUX.1's T5 and CLIP, every VAE) is whole on each chip.
-`--placement` overrides the choice.
-
-These are computed from weights, not measured on chips (no TPU has run this app yet).
+The rules: a chip keeps {headroom:.0%} of its memory free. On one chip the first placement that fits
+wins: **whole**, then **resident** (text encoders on the host, prompt embeddings cached), then
+**offload** (`enable_model_cpu_offload()`). On several chips, a model that fits one chip runs **one
+engine per chip** behind one balancer; one that fits no chip is sharded over all of them
+(**tensor-parallel**, `scripts/serve_tp.sh N`) when each share fits, a component without a
+tensor-parallel plan (FLUX.1's T5 and CLIP, every VAE) whole on each chip. `--placement` overrides it.
 
 ## Placement each model gets
 
