@@ -332,7 +332,7 @@ SLICE_FLOOR = {
     "two": {"background": 0.95, "count": 0.75, "colour": 0.85, "position": 0.85, "shape": 0.75, "size": 0.85,
             "all": 0.75},
 }
-#: The single-shape targets of the TPU-path issue (tiny_shapes.judge.TARGETS) hold on the bucket the
+#: The single-shape targets (tiny_shapes.judge.TARGETS) hold on the bucket the
 #: weights were first shipped for.
 TARGET_BUCKET = (64, 64)
 
