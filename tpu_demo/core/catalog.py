@@ -85,7 +85,8 @@ class ModelSpec:
     download_exclude: tuple[str, ...] = ()
     #: short name used in page lines ("not in Tiny Shapes' vocabulary"); the title when empty
     short_title: str = ""
-    #: style adapters (LoRA) a visitor may pick by name; hot-swapped on the warm graph (docs/models.md#styles)
+    #: style adapters (LoRA) a visitor may pick by name; hot-swapped on the warm graph
+    #: (docs/models.md#styles-lora-adapters-that-swap-without-recompiling)
     styles: tuple[StyleSpec, ...] = ()
     #: rewrites the visitor's prompt per image before the pipeline sees it (core/upsampling.py);
     #: None: the model shows no "Upsample prompt" control

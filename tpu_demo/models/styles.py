@@ -32,7 +32,8 @@ log = logging.getLogger("tpu_demo.engine")
 #: the one adapter name the transformer carries
 ADAPTER = "style"
 #: placements whose pipeline takes the hot swap; tensor parallel shards the transformer over ranks
-#: that would all have to swap in lockstep, which is not built (docs/models.md#styles)
+#: that would all have to swap in lockstep, which is not built
+#: (docs/models.md#styles-lora-adapters-that-swap-without-recompiling)
 STYLE_PLACEMENTS = (Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD)
 
 
