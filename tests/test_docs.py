@@ -84,6 +84,19 @@ def test_every_relative_link_and_anchor_resolves():
     assert broken == {}
 
 
+def test_every_docs_anchor_the_code_names_resolves():
+    """Comments, docstrings and messages in the code that point at ``docs/<page>.md#<anchor>``."""
+    named = {(path.relative_to(REPO), match) for path in _sources() if path.suffix == ".py" and path.name != "test_docs.py"
+             for match in re.findall(r"docs/[\w.-]+\.md#[\w-]+", path.read_text(encoding="utf-8"))}
+    assert named, "the code names no docs anchor: the pattern no longer matches"
+    broken = []
+    for source, target in sorted(named):
+        page, fragment = target.split("#")
+        if not (REPO / page).exists() or fragment not in anchors((REPO / page).read_text(encoding="utf-8")):
+            broken.append(f"{source}: {target}")
+    assert broken == []
+
+
 def test_the_link_checker_sees_a_broken_link_and_a_broken_anchor(tmp_path):
     (tmp_path / "other.md").write_text("# Other page\n\n## Styles: `outline` and `shaded` (LoRA, hot-swapped)\n")
     page = tmp_path / "page.md"

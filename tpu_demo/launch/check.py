@@ -91,7 +91,7 @@ def check_host(report: Report) -> None:
                f"{gb(memory)} memory, Python {platform.python_version()}")
     if sys.version_info < (3, 11):
         report.problem(f"Python {platform.python_version()}: torch-tpu's wheels need CPython 3.11 or newer "
-                       "(docs/tpu-host.md#python-311)")
+                       "(docs/tpu-host.md#2-python-311)")
     found = {dist: version(dist) for dist in VERSIONS}
     report.say("versions: " + ", ".join(f"{dist} {found[dist] or 'not installed'}" for dist in VERSIONS))
 
