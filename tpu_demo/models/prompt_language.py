@@ -30,6 +30,8 @@ _DRAW_TRIES = 200
 _GOLDEN = (math.sqrt(5) - 1) / 2
 #: the step between one seed's successive draws when one breaks a rule (another irrational)
 _REDRAW_STEP = math.sqrt(2) - 1
+#: consecutive seeds spread over the possible draws within blocks of this many seeds
+_SPREAD_BLOCK = 16
 
 
 @dataclass
@@ -198,16 +200,20 @@ class PromptLanguage:
 
         The draw is the training scenes' (each left-out value uniform, the forcing rules applied, a
         draw that breaks a rule drawn again), made from a quasi-random sequence: seed ``s`` takes the
-        point ``frac(0.5 + s * golden ratio)`` of all possible draws (a mixed-radix number over the
-        left-out slots), so consecutive seeds land far apart and eight seeds of "a red circle" are
-        eight different scenes where independent draws would repeat some.
+        point ``frac(r + s * golden ratio)`` of all possible draws (a mixed-radix number over the
+        left-out slots; ``r`` random per block of 16 seeds), so consecutive seeds land far apart and
+        eight seeds of "a red circle" are eight different scenes where independent draws would
+        repeat some, while seeds far apart (1000 apart) draw independently.
         """
         values = self._draw["values"]
         left_out = [(i, slot) for i, named in enumerate(reading.objects) for slot in self.object_slots
                     if slot not in named] + [(-1, slot) for slot in self.scene_slots if slot not in reading.scene]
         total = math.prod(len(values[slot]) for _, slot in left_out)
+        # seeds in one block of _SPREAD_BLOCK walk from the block's own random start: a request's images
+        # (seed, seed + 1, ...) are spread, and seeds far apart are independent draws
+        start = random.Random(seed // _SPREAD_BLOCK).random()
         for attempt in range(_DRAW_TRIES):
-            index = int(((0.5 + seed * _GOLDEN + attempt * _REDRAW_STEP) % 1.0) * total)
+            index = int(((start + seed * _GOLDEN + attempt * _REDRAW_STEP) % 1.0) * total)
             objects = [dict(named) for named in reading.objects]
             scene = dict(reading.scene)
             for i, slot in reversed(left_out):  # the last slot is the least significant digit
