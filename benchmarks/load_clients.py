@@ -38,9 +38,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 #: /generate's inputs in the handler's order (the raw API takes them positionally)
 INPUTS = ("prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale", "seed", "num_images",
-          "previews", "negative_prompt", "style", "style_scale")
-#: what an input left out of ``fields`` is sent as
-DEFAULTS = {"negative_prompt": "", "style": "None", "style_scale": 1.0}
+          "previews", "negative_prompt", "style", "style_scale", "upsample_prompt")
+#: what an input left out of ``fields`` is sent as (the prompt as typed: benchmarks/upsampler.py measures the rewrite)
+DEFAULTS = {"negative_prompt": "", "style": "None", "style_scale": 1.0, "upsample_prompt": False}
 
 
 class GradioClientVisitor:

@@ -161,7 +161,7 @@ def stream_cost(url: str, case: PreviewCase, previews: bool, gradio_cache: Path 
     downloads on every update; distinct ones: what a browser fetches), and the files the server
     wrote into Gradio's cache."""
     body = {"data": [PROMPT, case.model, mode, case.resolution, case.steps, _guidance(case.model), 5,
-                     case.num_images, previews, "", "None", 1.0]}  # negative_prompt (empty), no style
+                     case.num_images, previews, "", "None", 1.0, False]}  # no negative prompt, no style, as typed
     files_before = _files_under(gradio_cache)
     request = urllib.request.Request(url + "gradio_api/call/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})

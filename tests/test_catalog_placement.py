@@ -127,12 +127,13 @@ def test_unlisted_missing_and_tp_only_models_get_clear_errors(launch_app, tmp_pa
 
 def test_per_model_defaults_in_the_ui(launch_app):
     app, _ = launch_app("--no-warmup", "--models", "tiny-flux,tiny-sd3")
-    resolution, steps, guidance, header, details = app.ui.switch_model("tiny-sd3", "eager")
+    resolution, steps, guidance, header, details, upsample = app.ui.switch_model("tiny-sd3", "eager")
+    assert upsample["visible"] is False  # tiny-sd3 declares no prompt upsampler
     spec = CATALOG["tiny-sd3"]
     assert resolution["value"] == str(spec.buckets[0])
     assert (steps["value"], steps["maximum"]) == (spec.default_steps, spec.max_steps)
     assert guidance["value"] == 4.5 and guidance["interactive"] is True
-    *_, header, details = app.ui.switch_model("tiny-flux", "eager")
+    *_, header, details, upsample = app.ui.switch_model("tiny-flux", "eager")
     guidance = app.ui.switch_model("tiny-flux", "eager")[2]
     assert guidance["interactive"] is False and guidance["value"] == 0.0  # fixed, shown but not editable
     assert "Placement" in details and "whole on device" in details

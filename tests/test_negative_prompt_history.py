@@ -50,8 +50,9 @@ def test_negative_prompt_changes_the_image_and_reuse_restores_it(launch_app):
     pixels = [np.asarray(Image.open(item["image"]), dtype=np.int16) for item in (plain, negative)]
     assert np.abs(pixels[0] - pixels[1]).max() > 0
     restored = app.ui.restore.restore_settings(negative["image"], "eager")
-    # (prompt, ..., negative prompt, style, style strength): the negative prompt is the eleventh
-    assert restored[0] == fields["prompt"] and restored[10]["value"] == "blurry" and restored[10]["visible"]
+    # (prompt, ..., details, upsample prompt, negative prompt, style, style strength): the negative prompt is
+    # the twelfth
+    assert restored[0] == fields["prompt"] and restored[11]["value"] == "blurry" and restored[11]["visible"]
 
 
 def _png(tmp_path: Path, name: str, kilobytes: int = 1) -> str:

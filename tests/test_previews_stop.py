@@ -131,7 +131,8 @@ def test_png_settings_round_trip_and_restore(launch_app):
     app, url = launch_app("--no-warmup")
     client = Client(url, verbose=False)
     fields = request_fields(prompt="a small blue square at the top left", num_inference_steps=3, seed=1234,
-                            resolution="96x64", previews=False, negative_prompt="", style="", style_scale=1.0)
+                            resolution="96x64", previews=False, negative_prompt="", style="", style_scale=1.0,
+                            upsample_prompt=False)
     (item,), _ = client.predict(**fields, api_name="/generate")
     with Image.open(item["image"]) as image:
         assert image.format == "PNG"

@@ -149,9 +149,11 @@ def _tp_pixels(client: Client, **fields) -> np.ndarray:
     return np.asarray(Image.open(gallery[0]["image"]), dtype=np.int16)
 
 
-@pytest.mark.parametrize("model, guidance", [("tiny-flux2", 4.0), ("tiny-flux", 0.0)])
-def test_tensor_parallel_image_matches_single_process(tp_server, make_engine, model, guidance):
-    fields = dict(model=model, guidance_scale=guidance, seed=11)
+# upsample on: FLUX.2's text encoder writes the prompt on every rank in lockstep, seeded alike
+@pytest.mark.parametrize("model, guidance, upsample", [("tiny-flux2", 4.0, False), ("tiny-flux2", 4.0, True),
+                                                       ("tiny-flux", 0.0, False)])
+def test_tensor_parallel_image_matches_single_process(tp_server, make_engine, model, guidance, upsample):
+    fields = dict(model=model, guidance_scale=guidance, seed=11, upsample_prompt=upsample)
     tp = _tp_pixels(Client(tp_server.url, verbose=False), **fields)
     single = _single_process_pixels(make_engine, **fields)
     assert tp.shape == single.shape == (64, 64, 3)
