@@ -144,7 +144,13 @@ def _engine_requests(log: Path) -> list[dict]:
 def test_all_chips_command_on_cpu_two_engines_behind_nginx_every_model_warm(tmp_path):
     port = free_port()
     cache = tmp_path / "cache"
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONUNBUFFERED": "1"}
+    from tpu_demo.engine.compile_cache import compile_cache_env
+
+    # a compile cache an earlier in-process test pointed this worker at would win over --cache-dir: leave it out,
+    # so engine 0 starts cold and engine 1 can only hit what engine 0 wrote
+    inherited = set(compile_cache_env(cache))
+    env = {**{k: v for k, v in os.environ.items() if k not in inherited},
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONUNBUFFERED": "1"}
     # docs/tpu-host.md's start command with tiny models and two loopback engines, plus the test's own settings
     command = start_command_on_cpu(port) + [
         "--cache-dir", str(cache), "--model", "tiny-flux",
