@@ -2,7 +2,8 @@
 
 Layers, lowest first: ``core`` (plain data) -> ``device`` -> ``models`` -> ``distributed`` -> ``engine``;
 ``web`` (Gradio) sits beside the engine and talks to it through ``core`` types only; ``launch``
-wires everything. Imports only go down, there is no cycle (function-level imports included),
+wires everything. Imports only go down, there is no cycle (function-level and type-checking imports
+included),
 only ``device.py`` touches torch-tpu, the runtime never imports the training package, and no module
 is past the point where it surely does several jobs (600 lines; files are split by job, never to meet a
 line count: docs/architecture.md).
@@ -45,29 +46,23 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _imports(path: Path) -> list[tuple[str, bool]]:
-    """(imported module, only for type checking) for every import in the file, at any depth."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    type_checking: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            type_checking.update(id(child) for child in ast.walk(node))
+def _imports(path: Path) -> list[str]:
+    """Every module the file imports, at any depth (in functions, under ``if TYPE_CHECKING:``)."""
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found += [(alias.name, id(node) in type_checking) for alias in node.names]
+            found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, id(node) in type_checking))
-            found += [(f"{node.module}.{alias.name}", id(node) in type_checking) for alias in node.names]
+            found.append(node.module)
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
     return found
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports; an import made only for type checking is an edge too
+    (a name a module needs, even for a hint, is a dependency a reader must follow)."""
     modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for module, path in modules.items():
-        graph[module] = {name for name, typing_only in _imports(path) if name in modules and not typing_only}
-    return graph
+    return {module: {name for name in _imports(path) if name in modules} for module, path in modules.items()}
 
 
 def test_no_relative_imports():
@@ -113,7 +108,7 @@ def test_only_device_module_touches_torch_tpu():
     touching = []
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        names = {name for name, _ in _imports(path)}
+        names = set(_imports(path))
         uses_torch_tpu = any(isinstance(n, ast.Attribute) and ast.unparse(n).startswith("torch.tpu") for n in ast.walk(tree))
         if any(name.startswith("torch_tpu") for name in names) or uses_torch_tpu:
             touching.append(_module_name(path))
@@ -121,7 +116,7 @@ def test_only_device_module_touches_torch_tpu():
 
 
 def test_runtime_never_imports_the_training_package():
-    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if any(n.startswith("tiny_shapes") for n, _ in _imports(p))]
+    users = [_module_name(p) for p in PACKAGE.rglob("*.py") if any(n.startswith("tiny_shapes") for n in _imports(p))]
     assert users == []
 
 

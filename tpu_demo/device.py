@@ -215,20 +215,19 @@ def _system_memory_bytes() -> int | None:
 
 @contextlib.contextmanager
 def execution_mode(mode: ExecutionMode, device: DeviceInfo) -> Iterator[None]:
-    """Run the body in ``mode``.
+    """Run the body in ``mode`` (its row of ``core.modes.MODES``).
 
     The transformer may already be compiled; the eager modes then run it eagerly through
     ``torch.compiler.set_stance("force_eager")`` so one loaded pipeline serves every mode.
-    On TPU the eager modes also select torch-tpu's dispatch mode around the call.
+    On TPU the eager modes also select their ``torch.tpu.EagerMode`` around the call.
     """
-    if mode is ExecutionMode.COMPILED:
+    if mode.traits.compiled:
         yield
         return
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.compiler.set_stance("force_eager"))
         if device.kind == "tpu":
-            eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE if mode is ExecutionMode.EAGER_FUSED else torch.tpu.EagerMode.DEFER_NEVER
-            stack.enter_context(torch.tpu.set_eager_mode(eager_mode))
+            stack.enter_context(torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, mode.traits.tpu_eager_mode)))
         yield
 
 
@@ -239,20 +238,19 @@ def compile_backend_name(device: DeviceInfo, cpu_backend: str) -> str:
 
 def describe_mode(mode: ExecutionMode, device: DeviceInfo, cpu_backend: str) -> str:
     """What actually runs, for the UI: e.g. "compiled (inductor on cpu)"."""
-    if mode is ExecutionMode.COMPILED:
+    if mode.traits.compiled:
         return f"compiled ({compile_backend_name(device, cpu_backend)} on {device.kind})"
     if device.kind == "tpu":
-        constant = "DEFER_AND_FUSE" if mode is ExecutionMode.EAGER_FUSED else "DEFER_NEVER"
-        return f"{mode.title} (EagerMode.{constant} on tpu)"
+        return f"{mode.title} (EagerMode.{mode.traits.tpu_eager_mode} on tpu)"
     return f"{mode.title} (plain eager on {device.kind})"
 
 
 def modes_running_same_code(device: DeviceInfo) -> tuple[tuple[ExecutionMode, ...], ...]:
-    """Groups of modes that run the very same code here: off TPU both eager modes are plain eager
-    (``DEFER_AND_FUSE`` is torch-tpu's), so a comparison must say their difference is noise."""
+    """Groups of modes that run the very same code here: off TPU every eager mode is plain eager
+    (``torch.tpu.EagerMode`` is torch-tpu's), so a comparison must say their difference is noise."""
     if device.kind == "tpu":
         return ()
-    return ((ExecutionMode.EAGER, ExecutionMode.EAGER_FUSED),)
+    return (tuple(mode for mode in ExecutionMode if not mode.traits.compiled),)
 
 
 def distributed_backend(device: DeviceInfo) -> str:

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Mapping
 
 import torch
 
-from tpu_demo.device import compile_backend_name
-
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
+from tpu_demo.core.catalog import ModelSpec
+from tpu_demo.device import DeviceInfo
 
 _PACKAGES = ("torch-tpu", "diffusers", "transformers", "gradio")
 
@@ -36,16 +34,16 @@ def compile_cache_state(root: Path) -> dict[str, Any]:
     return tiers
 
 
-def server_facts(engine: "Engine") -> dict[str, Any]:
+def server_facts(device: DeviceInfo, compile_backend: str, compile_cache: Path, specs: Mapping[str, ModelSpec],
+                 placement_description: Callable[[str], str]) -> dict[str, Any]:
     """Device, versions, compile backend and cache, models offered and their placement."""
-    device = engine.device
     return {
         "device": device.badge,
         "device_kind": device.kind,
         "chips": device.count if device.kind == "tpu" else 0,
         "versions": {"torch": torch.__version__, **{package: _version(package) for package in _PACKAGES}},
-        "compile_backend": compile_backend_name(device, engine.config.cpu_compile_backend),
-        "compile_cache": compile_cache_state(engine.config.models_dir.parent / "compile"),
-        "models": {model_id: {"title": spec.title, "placement": engine.placement_description(model_id)}
-                   for model_id, spec in engine.specs.items()},
+        "compile_backend": compile_backend,
+        "compile_cache": compile_cache_state(compile_cache),
+        "models": {model_id: {"title": spec.title, "placement": placement_description(model_id)}
+                   for model_id, spec in specs.items()},
     }

@@ -9,12 +9,12 @@ images of one shape (``batch_run``), up to ``max_batch`` at a time.
 No Gradio here; device specifics come from ``tpu_demo.device``, model knowledge from the catalog.
 Parts: ``model_pool`` (loading, eviction, the style slot), ``bucket_book`` (shape states),
 ``step_observer`` (inside the denoising loop), ``image_record`` (timings, PNG settings),
-``warmup`` (warming shapes, background warmups).
+``warmup`` (warming shapes, background warmups), ``pipeline_calls`` (the one way to call a
+pipeline), ``batch_run`` (one call for a batch of waiting images).
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections import Counter
@@ -22,8 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
-
-import torch
 
 from tpu_demo.core.buckets import Bucket
 from tpu_demo.core.catalog import CATALOG, ModelSpec, Placement, get_spec
@@ -33,22 +31,20 @@ from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.recent import RecentRuns
 from tpu_demo.core.request import GenerationRequest
 from tpu_demo.core.styles import StyleSpec
-from tpu_demo.core.upsampling import DrawnPrompt
-from tpu_demo.device import (DeviceInfo, compile_backend_name, describe_mode, execution_mode, release_cached_memory,
-                             synchronize)
-from tpu_demo.distributed.lockstep import LoadModel, Lockstep, PipelineCall, UpsamplePrompt
-from tpu_demo.engine.batch_run import run_batch
+from tpu_demo.device import DeviceInfo, compile_backend_name, describe_mode, modes_running_same_code
+from tpu_demo.distributed.lockstep import Lockstep, PipelineCall, UpsamplePrompt
+from tpu_demo.engine.about import server_facts
+from tpu_demo.engine.batch_run import BatchRunner
 from tpu_demo.engine.batching import END, ImageQueue, PendingRequest, batch_sizes
 from tpu_demo.engine.bucket_book import BucketBook
-from tpu_demo.engine.about import server_facts
-from tpu_demo.engine.compare import compare_modes
+from tpu_demo.engine.compare import EngineCalls, compare_modes
 from tpu_demo.engine.compile_counter import CompileCounter, apply_recompile_limits, recompile_limits
 from tpu_demo.engine.errors import user_message
-from tpu_demo.engine.model_pool import LoadedModel, ModelPool, PoolSettings
-from tpu_demo.engine.preview_stream import PreviewStream
-from tpu_demo.engine.step_observer import DecodeGuard, DecodeSkipped, StepObserver
+from tpu_demo.engine.model_pool import ModelPool, PoolSettings
+from tpu_demo.engine.pipeline_calls import PipelineCalls
+from tpu_demo.engine.step_observer import DecodeGuard, StepObserver
 from tpu_demo.engine.warmup import Warmer, shape_key
-from tpu_demo.models.placement import compile_for_placement, describe_placement
+from tpu_demo.models.placement import describe_placement
 from tpu_demo.models.styles import style_refusal
 
 __all__ = ["Engine", "EngineConfig", "EngineError"]
@@ -90,8 +86,10 @@ class Engine:
         self.counter = CompileCounter(compile_backend_name(device, config.cpu_compile_backend))
         self.book = BucketBook(self.counter)
         self.decode_guard = DecodeGuard()
+        #: the one way to call a pipeline (compiling on first use, announced to every rank under TP)
+        self.calls = PipelineCalls(device, self.counter, lockstep, config.preview_seconds)
         self.pool = ModelPool(PoolSettings(config.models_dir, config.placement_override, config.memory_budget_gb),
-                              device, self.book, self.decode_guard, lockstep, self._in_lockstep)
+                              device, self.book, self.decode_guard, lockstep, self.calls.in_lockstep)
         #: images waiting for the device; a lockstep call carries one prompt and seed, so TP runs batch 1
         self._images = ImageQueue()
         self.batch_sizes = batch_sizes(config.max_batch if lockstep is None else 1)
@@ -105,8 +103,10 @@ class Engine:
         self._in_use_lock = threading.Lock()
         #: warm images of recent requests and comparisons: the page's speed chart
         self.recent = RecentRuns()
-        self._warmer = Warmer(self.book, self.pool, self.submit, self.call_pipeline, self.previews,
+        self._warmer = Warmer(self.book, self.pool, self.submit, self.calls.call, self.calls.previews,
                               self.models_in_use, self._closing, config.warmup_steps)
+        self._batches = BatchRunner(self.spec, self.pool, self.book, self.calls, self.decode_guard, self.recent,
+                                    self.mode_description, config.preview_every)
         offered = config.offered_models or tuple(CATALOG)
         self.specs: dict[str, ModelSpec] = {model_id: replace(
             get_spec(model_id), buckets=config.bucket_overrides.get(model_id, get_spec(model_id).buckets),
@@ -277,11 +277,14 @@ class Engine:
 
     def about(self) -> dict[str, Any]:
         """Device, versions, compile backend and cache state, models offered (engine/about.py)."""
-        return server_facts(self)
+        return server_facts(self.device, compile_backend_name(self.device, self.config.cpu_compile_backend),
+                            self.config.models_dir.parent / "compile", self.specs, self.placement_description)
 
     def compare_modes(self, request: GenerationRequest, stop: threading.Event | None = None) -> Iterator[Any]:
         """The request in every execution mode, warm against warm (see engine/compare.py)."""
-        return compare_modes(self, request, stop)
+        calls = EngineCalls(self.spec, self.bucket_status, self.warm_shape, self.generate, self.mode_description,
+                            modes_running_same_code(self.device))
+        return compare_modes(calls, request, stop)
 
     def close(self) -> None:
         """Drop queued jobs, wait for the running one, and free every loaded model."""
@@ -290,63 +293,19 @@ class Engine:
         self.pool.unload_all()  # the device thread has finished: safe from here
 
     # ---- on the device thread -------------------------------------------------------------
-    def call_pipeline(self, loaded: LoadedModel, mode: ExecutionMode, prompts: list[str], bucket: Bucket,
-                      steps: int, guidance: float, seeds: list[int], observer: Any,
-                      negative_prompts: list[str] | None = None) -> Any:
-        """One pipeline call of ``len(prompts)`` images, image i from its own generator seeded ``seeds[i]``."""
-        if mode is ExecutionMode.COMPILED and not loaded.compiled:
-            compile_for_placement(loaded.pipeline, loaded.placement, self.counter, loaded.spec)
-            loaded.compiled = True
-        callback = observer if self.lockstep is None else self.lockstep.step_callback(observer)
-        generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
-        negatives = negative_prompts or [""] * len(prompts)
-        # tensor parallel carries one prompt and seed per call (batch 1): see set_max_batch
-        call = PipelineCall(loaded.spec.id, mode.value, prompts[0], bucket.width, bucket.height, steps, guidance,
-                            seeds[0], negatives[0])
-        with self._in_lockstep(call), execution_mode(mode, self.device), torch.inference_mode(), loaded.slot_bypass(mode):
-            output = loaded.pipeline(
-                height=bucket.height, width=bucket.width, num_inference_steps=steps,
-                generator=generators if len(generators) > 1 else generators[0],
-                callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["latents"],
-                **loaded.batch_call_inputs(prompts, guidance, negatives))
-            synchronize(self.device)
-        if observer.final_latents is not None and not observer.interrupted:
-            loaded.previewer.observe(observer.final_latents[:1], output.images[0], bucket)
-        return output
-
-    def draw_prompt(self, loaded: LoadedModel, request: GenerationRequest, seed: int) -> DrawnPrompt | None:
-        """The prompt image ``seed`` of ``request`` is drawn from, when its upsampler rewrites it (else None)."""
-        if not request.upsample_prompt or loaded.upsampler is None:
-            return None
-        lockstep = self._in_lockstep(UpsamplePrompt(loaded.spec.id, request.prompt, seed))
-        with lockstep if loaded.upsampler.uses_text_encoder else contextlib.nullcontext():
-            return loaded.upsampler.rewrite(request.prompt, seed)
-
     def run_followed_upsample(self, call: UpsamplePrompt) -> None:
         """Tensor parallel, follower ranks: take part in rank 0's prompt rewrite (output unused)."""
         upsampler = self.pool.load(self.spec(call.model_id)).upsampler
         if upsampler is not None:
             upsampler.rewrite(call.prompt, call.seed)
 
-    def release_after_failure(self) -> None:  # the next call starts clean
-        release_cached_memory(self.device)
-
     def run_followed_call(self, call: PipelineCall) -> None:
         """Tensor parallel, follower ranks: make rank 0's pipeline call the same way (output unused)."""
         loaded = self.pool.load(self.spec(call.model_id))
         bucket = Bucket(call.width, call.height)
-        observer = StepObserver.silent(call.num_inference_steps, bucket, self.previews(loaded, bucket, 0))
-        self.call_pipeline(loaded, ExecutionMode(call.mode), [call.prompt], bucket, call.num_inference_steps,
+        observer = StepObserver.silent(call.num_inference_steps, bucket, self.calls.previews(loaded, bucket, 0))
+        self.calls.call(loaded, ExecutionMode(call.mode), [call.prompt], bucket, call.num_inference_steps,
                            call.guidance_scale, [call.seed], observer, [call.negative_prompt])
-
-    def previews(self, loaded: LoadedModel, bucket: Bucket, every: int) -> PreviewStream:
-        return PreviewStream(loaded.previewer, bucket, self.device, every, self.config.preview_seconds)
-
-    def _in_lockstep(self, message: LoadModel | PipelineCall | UpsamplePrompt) -> Any:
-        """Tensor parallel: rank 0 announces ``message`` so every rank makes the same call."""
-        if self.lockstep is None:
-            return contextlib.nullcontext()
-        return self.lockstep.leading(message, passthrough=(DecodeSkipped, EngineError))
 
     def models_in_use(self) -> set[str]:
         with self._in_use_lock:  # models a running or queued request needs
@@ -362,4 +321,4 @@ class Engine:
             stopped=lambda pending: pending.finish(Stopped(completed=pending.completed, reason="stopped")))
         if members:
             self.calls_by_batch[len(members)] += 1
-            run_batch(self, members)
+            self._batches.run(members)

@@ -191,7 +191,7 @@ class ModelPool:
             torch._dynamo.reset()  # compiled graphs hold the model's weights alive; every model's graphs go
             for other in self._models.values():
                 other.compiled = False
-            self.book.reset(lambda key: key.mode == ExecutionMode.COMPILED.value)
+            self.book.reset(lambda key: ExecutionMode(key.mode).traits.compiled)
         del loaded
         gc.collect()
         _release_freed_memory()

@@ -39,7 +39,7 @@ def shape_key(spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidan
 
 
 class PipelineCaller(Protocol):
-    """The engine's one way to call a pipeline (``Engine.call_pipeline``)."""
+    """The engine's one way to call a pipeline (``PipelineCalls.call``)."""
 
     def __call__(self, loaded: LoadedModel, mode: ExecutionMode, prompts: list[str], bucket: Bucket, steps: int,
                  guidance: float, seeds: list[int], observer: Any) -> Any: ...

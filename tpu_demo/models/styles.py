@@ -126,7 +126,7 @@ class StyleAdapters:
         the pixels are the same, and on a small model its work is a third of the call (1.34x on
         tiny-shapes). A compiled call keeps the layers on: its graph guards on the flag, and turning
         it off would compile a second graph per bucket. The eager modes never run that graph."""
-        if mode is ExecutionMode.COMPILED or self.current[0]:
+        if mode.traits.compiled or self.current[0]:
             yield
             return
         self.pipeline.transformer.disable_lora()

@@ -18,9 +18,6 @@ import pandas as pd
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.recent import RecentRuns, TimedRun
 
-#: bar labels stay short on a phone
-SHORT = {ExecutionMode.EAGER.value: "strict", ExecutionMode.EAGER_FUSED.value: "optimized",
-         ExecutionMode.COMPILED.value: "compiled"}
 COLUMNS = ["shape", "mode", "seconds per image", "images"]
 
 
@@ -31,7 +28,7 @@ def speed_frame(runs: Sequence[TimedRun], model_id: str) -> pd.DataFrame:
         if run.model == model_id:
             groups.setdefault((run.resolution, run.num_inference_steps, run.mode), []).append(run.denoise_seconds)
     order = [mode.value for mode in ExecutionMode]
-    rows = [{"shape": f"{SHORT[mode]} {resolution} \u00b7 {steps} st",
+    rows = [{"shape": f"{ExecutionMode(mode).traits.short} {resolution} \u00b7 {steps} st",
              "mode": ExecutionMode(mode).title, "seconds per image": round(median(seconds), 4), "images": len(seconds)}
             for (resolution, steps, mode), seconds in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1],
                                                                                               order.index(g[0][2])))]

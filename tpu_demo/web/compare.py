@@ -28,20 +28,13 @@ if TYPE_CHECKING:
 #: the public endpoint (gradio_client: api_name="/compare_modes")
 COMPARE_API = "compare_modes"
 
-#: what each mode is, for visitors who do not know the names
-PLAIN_WORDS = {
-    ExecutionMode.EAGER.value: "one operation at a time",
-    ExecutionMode.EAGER_FUSED.value: "operations queued and fused",
-    ExecutionMode.COMPILED.value: "one compiled graph per shape",
-}
-
 EMPTY_SUMMARY = ("<p class='compare-empty'>Compare runs your prompt with the same seed in all three ways to run "
                  "diffusers on a TPU and shows how much faster each is.</p>")
 
 
 def caption(run: ModeRun) -> str:
     title = ExecutionMode(run.mode).title
-    return (f"{title} ({PLAIN_WORDS[run.mode]}) \u00b7 {run.denoise_seconds:.2f} s \u00b7 "
+    return (f"{title} ({ExecutionMode(run.mode).traits.plain_words}) \u00b7 {run.denoise_seconds:.2f} s \u00b7 "
             f"{run.speedup:.2f}\u00d7 \u00b7 max pixel diff {run.max_pixel_difference}")
 
 
@@ -59,7 +52,7 @@ def summary_html(comparison: Comparison) -> str:
             bucket += f" ({run.graphs_compiled} graph{'s' if run.graphs_compiled != 1 else ''} compiled)"
         rows.append(
             f"<tr><th scope='row'>{html.escape(ExecutionMode(run.mode).title)}<span class='compare-what'>"
-            f"{html.escape(PLAIN_WORDS[run.mode])}; here: {html.escape(_what_ran(run))}</span></th>"
+            f"{html.escape(ExecutionMode(run.mode).traits.plain_words)}; here: {html.escape(_what_ran(run))}</span></th>"
             f"<td>{run.denoise_seconds:.3f}</td><td>{run.steps_per_second:.1f}</td>"
             f"<td class='compare-speedup'>{run.speedup:.2f}\u00d7</td><td>{html.escape(bucket)}</td>"
             f"<td>{run.max_pixel_difference}</td></tr>")
@@ -101,7 +94,7 @@ class CompareHandler:
             self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None
         stop = self.page.armed_stop(request)
-        run = self.page.supervisor.begin(replace(generation, num_images=len(PLAIN_WORDS)), stop, queued.event_id,
+        run = self.page.supervisor.begin(replace(generation, num_images=len(ExecutionMode)), stop, queued.event_id,
                                          queued.queue_wait_seconds, queued.connected)
         files = RequestFiles()
         gallery: list[tuple[str, str]] = []
@@ -110,7 +103,7 @@ class CompareHandler:
             for event in self.page.engine.compare_modes(generation, stop):
                 run.observe(event)
                 if isinstance(event, ComparePhase):
-                    progress(len(gallery) / len(PLAIN_WORDS), desc=event.text)
+                    progress(len(gallery) / len(ExecutionMode), desc=event.text)
                 elif isinstance(event, ImageResult):
                     title = ExecutionMode(event.parameters["mode"]).title
                     gallery.append((files.save(event.image, event.parameters["mode"]), f"{title} (timing others...)"))
@@ -120,7 +113,7 @@ class CompareHandler:
                     # of the three were finished (never a success with a short comparison)
                     run.stopped(event)
                     yield list(gallery), EMPTY_SUMMARY, None
-                    raise user_error(run.stop_message(event, len(PLAIN_WORDS)), "Stopped")
+                    raise user_error(run.stop_message(event, len(ExecutionMode)), "Stopped")
                 elif isinstance(event, Comparison):
                     final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
                     yield final, summary_html(event), event.as_dict()

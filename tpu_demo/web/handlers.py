@@ -12,11 +12,12 @@ import random
 import re
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator
+from typing import Any, Collection, Iterable, Iterator
 
 import gradio as gr
 
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
+from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, Loading, StepProgress, Stopped
 from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
@@ -30,8 +31,6 @@ from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
 from tpu_demo.web.styles import caption_part, style_updates
 from tpu_demo.web.supervision import RequestSupervisor
 
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
 
 __all__ = ["MAX_ARMED_SESSIONS", "PageHandlers", "UiSettings", "user_error"]
 
@@ -118,7 +117,7 @@ def upsample_update(spec: ModelSpec, value: bool | None = None) -> Any:
 class PageHandlers:
     """The handlers of one page around one engine; holds each session's Stop flag."""
 
-    def __init__(self, engine: "Engine", settings: UiSettings, supervisor: RequestSupervisor | None = None,
+    def __init__(self, engine: EngineAPI, settings: UiSettings, supervisor: RequestSupervisor | None = None,
                  warmup_throttle: WarmupThrottle | None = None):
         self.engine = engine
         self.settings = settings

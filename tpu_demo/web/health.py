@@ -10,22 +10,21 @@ readiness probe asks. Neither runs anything on the device.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from fastapi.routing import APIRoute
 from fastapi.responses import JSONResponse
 
+from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.events import BucketState
 from tpu_demo.web.readiness import Readiness
 
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
 
 HEALTH_PATH = "/health"
 READY_PATH = "/ready"
 
 
-def health_payload(engine: "Engine", queue_length: int, running: int, readiness: Readiness,
+def health_payload(engine: EngineAPI, queue_length: int, running: int, readiness: Readiness,
                    warmed: dict[str, Any] | None = None) -> dict[str, Any]:
     """The /health body. ``models_loaded`` and ``buckets`` are what is loaded now; ``warmed`` (``--warm all``)
     what start-up warmed into the compile cache, per model and mode, loaded now or not."""
@@ -54,7 +53,7 @@ def health_payload(engine: "Engine", queue_length: int, running: int, readiness:
     }
 
 
-def health_routes(engine: "Engine", queue_length: Callable[[], int], running: Callable[[], int],
+def health_routes(engine: EngineAPI, queue_length: Callable[[], int], running: Callable[[], int],
                   readiness: Callable[[], Readiness],
                   warmed: Callable[[], dict[str, Any] | None] = lambda: None) -> list[APIRoute]:
     """Both routes, for ``launch(app_kwargs={"routes": [...]})`` (routes Gradio's app serves as its own)."""

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
+from tpu_demo.core.engine_api import EngineAPI, WarmAllProgress
 from tpu_demo.core.events import BucketState, BucketStatus
 from tpu_demo.core.modes import ExecutionMode
 
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
-    from tpu_demo.engine.warm_all import WarmAll
 
 
 @dataclass(frozen=True)
@@ -52,8 +50,8 @@ def bucket_readiness(buckets: Sequence[BucketStatus], model_loaded: bool, model:
 class ReadinessCheck:
     """The start model's configured buckets decide readiness once; SIGTERM takes it back."""
 
-    def __init__(self, engine: "Engine", model: str, mode: ExecutionMode, warmup: bool,
-                 draining: Callable[[], bool] = lambda: False, warm_all: "WarmAll | None" = None):
+    def __init__(self, engine: EngineAPI, model: str, mode: ExecutionMode, warmup: bool,
+                 draining: Callable[[], bool] = lambda: False, warm_all: WarmAllProgress | None = None):
         self.engine, self.model, self.mode, self.warmup, self.draining = engine, model, mode, warmup, draining
         #: ``--warm all``: not ready until every offered model has been warmed (then the start model's check)
         self.warm_all = warm_all

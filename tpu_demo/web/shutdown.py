@@ -13,18 +13,17 @@ import logging
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
+from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.web.supervision import RequestSupervisor, StopReason
 
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
 
 log = logging.getLogger("tpu_demo")
 
 
 @contextlib.contextmanager
-def stop_on_sigterm(supervisor: RequestSupervisor, engine: "Engine", grace_seconds: float = 30.0) -> Iterator[None]:
+def stop_on_sigterm(supervisor: RequestSupervisor, engine: EngineAPI, grace_seconds: float = 30.0) -> Iterator[None]:
     """Run the body (the blocking ``launch``) so that SIGTERM ends it cleanly."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
@@ -53,7 +52,7 @@ def stop_on_sigterm(supervisor: RequestSupervisor, engine: "Engine", grace_secon
             log.info("shut down %s", "cleanly" if idle else f"with a request still running after {grace_seconds:g} s")
 
 
-def _wait_for_device(supervisor: RequestSupervisor, engine: "Engine", grace_seconds: float) -> bool:
+def _wait_for_device(supervisor: RequestSupervisor, engine: EngineAPI, grace_seconds: float) -> bool:
     """Until every request has ended, or the device has been idle for a second (a handler whose
     server already stopped is never resumed to end its run), or ``grace_seconds`` pass."""
     deadline = time.monotonic() + grace_seconds

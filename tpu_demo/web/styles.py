@@ -7,18 +7,17 @@ None only and says why.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import gradio as gr
 
 from tpu_demo.core.catalog import ModelSpec
+from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale, find_style
 
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
 
 
-def style_choices(engine: "Engine", spec: ModelSpec) -> tuple[list[tuple[str, str]], str]:
+def style_choices(engine: EngineAPI, spec: ModelSpec) -> tuple[list[tuple[str, str]], str]:
     """(label, name) pairs for the Style control, and the line under it."""
     refusal = engine.style_refusal(spec.id) if spec.styles else None
     if not spec.styles or refusal:
@@ -27,7 +26,7 @@ def style_choices(engine: "Engine", spec: ModelSpec) -> tuple[list[tuple[str, st
             "swapped on the warm graph: no recompile")
 
 
-def style_updates(engine: "Engine", spec: ModelSpec, style: str = NO_STYLE, scale: float | None = None) -> tuple:
+def style_updates(engine: EngineAPI, spec: ModelSpec, style: str = NO_STYLE, scale: float | None = None) -> tuple:
     """Updates for (style, style scale) showing ``spec``'s styles, ``style`` selected."""
     choices, info = style_choices(engine, spec)
     chosen = find_style(spec.styles, style) if style in [name for _, name in choices] else None
@@ -36,7 +35,7 @@ def style_updates(engine: "Engine", spec: ModelSpec, style: str = NO_STYLE, scal
             gr.update(value=default_scale(spec.styles, value) if scale is None else scale))
 
 
-def style_controls(engine: "Engine", spec: ModelSpec) -> tuple[gr.Dropdown, gr.Slider]:
+def style_controls(engine: EngineAPI, spec: ModelSpec) -> tuple[gr.Dropdown, gr.Slider]:
     """The Style dropdown and its strength slider, for the start model (not rendered yet: the style
     examples under the prompt set them, and they are rendered in Advanced)."""
     choices, info = style_choices(engine, spec)
