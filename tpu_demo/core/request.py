@@ -1,8 +1,9 @@
 """The engine's request type, validated on the server for every caller (UI or API).
 
-A public demo's API can be called directly with anything, bypassing the UI's sliders, so every
-field is checked here before anything reaches the device. Each violation raises RequestError
-naming the field and what is allowed.
+Every door (the page, ``/generate``, ``/compare_modes``, the MCP tools) builds one
+``GenerationRequest`` from named inputs through ``validate_request``: every field is checked before
+anything reaches the device, each violation raises RequestError naming the field, and every field a
+caller leaves out is the chosen model's default.
 """
 
 from __future__ import annotations
@@ -18,6 +19,21 @@ from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale, style_names
 
 MAX_SEED = 2**32 - 1
+
+#: the named inputs of /generate (and the page's Generate), in the API's order: gradio_client's parameters
+GENERATE_INPUTS = ("prompt", "model", "mode", "resolution", "num_inference_steps", "guidance_scale", "seed",
+                   "num_images", "previews", "negative_prompt", "style", "style_scale", "upsample_prompt")
+#: the named inputs of /compare_modes, in its API's order (it runs every mode, one image each, no previews)
+COMPARE_INPUTS = ("prompt", "negative_prompt", "model", "resolution", "num_inference_steps", "guidance_scale",
+                  "seed", "style", "style_scale", "upsample_prompt")
+#: inputs that a caller may send as null to mean "left out" (every other null is refused)
+NULL_MEANS_LEFT_OUT = frozenset({"upsample_prompt"})
+
+
+def named_inputs(inputs: Mapping[str, Any], null_means_left_out: frozenset[str] = NULL_MEANS_LEFT_OUT) -> dict[str, Any]:
+    """The raw request a door hands ``validate_request``: its named inputs less those left out (a null in
+    ``null_means_left_out``), which then take the chosen model's defaults."""
+    return {name: value for name, value in inputs.items() if not (value is None and name in null_means_left_out)}
 
 
 class RequestError(ValueError):
@@ -193,11 +209,13 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
     """Check every field of a raw request (from the UI or the API) against the model's limits.
 
     Every field is checked whether or not the model uses it (a NaN guidance is refused even where
-    the model's guidance is fixed); optional fields may be left out, but not sent as null.
+    the model's guidance is fixed); optional fields may be left out (they take the chosen model's
+    defaults: its first bucket, steps, guidance, upsampler setting, the style's strength), but not
+    sent as null.
     """
     spec = check_model(raw.get("model"), limits)
     mode = check_mode(raw.get("mode"), limits)
-    resolution = raw.get("resolution")
+    resolution = raw.get("resolution", str(spec.buckets[0]))
     if not isinstance(resolution, str):
         raise RequestError("resolution", f"must be text like \"{spec.buckets[0]}\", got {_kind(resolution)}")
     try:

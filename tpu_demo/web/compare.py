@@ -17,7 +17,7 @@ import gradio as gr
 from tpu_demo.core.comparison import ComparePhase, Comparison, ModeRun
 from tpu_demo.core.events import ImageResult, Stopped
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import RequestError, validate_request
+from tpu_demo.core.request import RequestError, named_inputs, validate_request
 from tpu_demo.web.gradio_queue import CurrentEvent
 from tpu_demo.web.handlers import user_error
 from tpu_demo.web.outputs import RequestFiles
@@ -77,19 +77,14 @@ class CompareHandler:
     def __init__(self, page: "PageHandlers"):
         self.page = page
 
-    def compare_modes(self, prompt: Any, negative_prompt: Any, model: Any, resolution: Any, num_inference_steps: Any,
-                      guidance_scale: Any, seed: Any, style: Any = "None", style_scale: Any = 1.0,
-                      upsample_prompt: Any = False, request: gr.Request = None,
-                      progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str, dict | None]]:
-        """Stream (images so far, summary HTML, figures as JSON); the last update holds all three modes."""
+    def compare_modes(self, request: gr.Request = None, progress: gr.Progress = gr.Progress(),
+                      **inputs: Any) -> Iterator[tuple[list, str, dict | None]]:
+        """Stream (images so far, summary HTML, figures as JSON) for the named inputs ``COMPARE_INPUTS``;
+        the last update holds every mode."""
         queued = CurrentEvent.capture()
         try:
-            generation = validate_request(dict(
-                prompt=prompt, negative_prompt=negative_prompt, model=model, mode=ExecutionMode.EAGER.value,
-                resolution=resolution, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                seed=seed, num_images=1, previews=False, style=style, style_scale=style_scale,
-                upsample_prompt=upsample_prompt),
-                self.page.settings.limits)
+            generation = validate_request(dict(named_inputs(inputs), mode=ExecutionMode.EAGER.value, num_images=1,
+                                               previews=False), self.page.settings.limits)
         except RequestError as error:
             self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None

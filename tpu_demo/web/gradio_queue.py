@@ -18,6 +18,7 @@ from typing import Any, Collection, Iterator
 
 import gradio as gr
 
+from tpu_demo.core.request import NULL_MEANS_LEFT_OUT
 from tpu_demo.web.callers import session_key
 
 
@@ -91,6 +92,8 @@ class EventInputs:
     names: tuple[str, ...]
     #: inputs the simple ``/call/`` format leaves out (gr.State): their values live on the server
     server_side: int = 0
+    #: trailing inputs a positional call may leave out (sent on as null: "left out", core.request)
+    optional_tail: int = 0
 
 
 def event_inputs(blocks: gr.Blocks, fn_index: Any = None, api_name: str | None = None) -> EventInputs | None:
@@ -103,15 +106,23 @@ def event_inputs(blocks: gr.Blocks, fn_index: Any = None, api_name: str | None =
     if fn is None:
         return None
     inputs = list(getattr(fn, "inputs", []))
+    # the parameter each input fills (named inputs by their name); positional handlers take their inputs
+    # first, then Gradio's injected request / progress / event data
+    named = list(getattr(fn, "input_parameter_names", None) or [])
     try:
         parameters = [name for name in inspect.signature(fn.fn).parameters if name != "self"]
     except (TypeError, ValueError):
         parameters = []
-    # our handlers take their inputs first, then Gradio's injected request / progress / event data
-    names = tuple(parameters[:len(inputs)]) if len(parameters) >= len(inputs) else tuple(
-        f"input {i + 1}" for i in range(len(inputs)))
+    if len(named) == len(inputs) and all(named):
+        names = tuple(named)
+    else:
+        names = tuple(parameters[:len(inputs)]) if len(parameters) >= len(inputs) else tuple(
+            f"input {i + 1}" for i in range(len(inputs)))
+    tail = 0
+    while tail < len(names) and names[len(names) - 1 - tail] in NULL_MEANS_LEFT_OUT:
+        tail += 1
     return EventInputs(getattr(fn, "api_name", None), names,
-                       sum(1 for block in inputs if getattr(block, "skip_api", False)))
+                       sum(1 for block in inputs if getattr(block, "skip_api", False)), tail)
 
 
 def pending_events(blocks: gr.Blocks, api_names: str | Collection[str]) -> Iterator[QueuedEvent]:

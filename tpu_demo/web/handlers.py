@@ -21,7 +21,8 @@ from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, Loading, StepProgress, Stopped
 from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
+from tpu_demo.core.request import (MAX_SEED, RequestError, RequestLimits, check_mode, check_model, named_inputs,
+                                   validate_request)
 from tpu_demo.core.vocabulary import load_vocabulary, vocabulary_note
 from tpu_demo.web.admission import WarmupThrottle
 from tpu_demo.web.callers import request_headers, stop_key
@@ -132,11 +133,10 @@ class PageHandlers:
                                        lambda spec, style, scale: style_updates(engine, spec, style, scale))
 
     # ---- handlers -------------------------------------------------------------------------
-    def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, num_inference_steps: Any,
-                 guidance_scale: Any, seed: Any, num_images: Any, previews: Any = True, negative_prompt: Any = "",
-                 style: Any = "None", style_scale: Any = 1.0, upsample_prompt: Any = False, request: gr.Request = None,
-                 progress: gr.Progress = gr.Progress()) -> Iterator[tuple[list, str]]:
-        """Stream (gallery, live preview): one update per finished image, and previews while denoising.
+    def generate(self, request: gr.Request = None, progress: gr.Progress = gr.Progress(),
+                 **inputs: Any) -> Iterator[tuple[list, str]]:
+        """Stream (gallery, live preview) for the named inputs ``GENERATE_INPUTS``: one update per
+        finished image, and previews while denoising.
 
         A preview update re-sends the same gallery (Gradio's diff sends nothing for it) and the
         preview as inline HTML; a finished image clears the preview. Values are yielded as Gradio
@@ -144,11 +144,7 @@ class PageHandlers:
         """
         queued = CurrentEvent.capture()
         try:
-            generation = validate_request(dict(
-                prompt=prompt, model=model, mode=mode, resolution=resolution,
-                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                num_images=num_images, previews=previews, negative_prompt=negative_prompt, style=style,
-                style_scale=style_scale, upsample_prompt=upsample_prompt), self.settings.limits)
+            generation = validate_request(named_inputs(inputs), self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None

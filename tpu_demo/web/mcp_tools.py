@@ -22,8 +22,8 @@ from gradio import route_utils
 from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import MAX_SEED, RequestError, check_model, validate_request
-from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale
+from tpu_demo.core.request import MAX_SEED, RequestError, named_inputs, validate_request
+from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE
 from tpu_demo.web.outputs import user_error
 
 if TYPE_CHECKING:
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 #: the tools' endpoint names (= tool names); the first two run the device and are admission-guarded
 GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL = "generate_images", "compare_execution_modes", "list_models"
 DEVICE_TOOLS = (GENERATE_TOOL, COMPARE_TOOL)
+#: the tools' arguments whose None (their default) means "the chosen model's default"
+LEFT_OUT_WHEN_NULL = frozenset({"resolution", "num_inference_steps", "guidance_scale", "style", "style_scale",
+                                "upsample_prompt"})
 #: every tool the MCP door answers (mcp_guard.py refuses a call to any other endpoint)
 TOOLS = (*DEVICE_TOOLS, MODELS_TOOL)
 
@@ -130,16 +133,20 @@ class McpTools:
                             seed: int = 0, num_images: int = 1, negative_prompt: str = "", style: str = NO_STYLE,
                             style_scale: float | None = None, upsample_prompt: bool | None = None,
                             request: gr.Request = None) -> str:
-            return self.generate(prompt, model, mode, resolution, num_inference_steps, guidance_scale, seed,
-                                 num_images, negative_prompt, style, style_scale, upsample_prompt, request)
+            return self.generate(dict(prompt=prompt, model=model, mode=mode, resolution=resolution,
+                                      num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
+                                      num_images=num_images, negative_prompt=negative_prompt, style=style,
+                                      style_scale=style_scale, upsample_prompt=upsample_prompt), request)
 
         def compare_execution_modes(prompt: str, model: str = start_model, resolution: str = "",
                                     num_inference_steps: int | None = None, guidance_scale: float | None = None,
                                     seed: int = 0, negative_prompt: str = "", style: str = NO_STYLE,
                                     style_scale: float | None = None, upsample_prompt: bool | None = None,
                                     request: gr.Request = None) -> str:
-            return self.compare(prompt, model, resolution, num_inference_steps, guidance_scale, seed, negative_prompt,
-                                style, style_scale, upsample_prompt, request)
+            return self.compare(dict(prompt=prompt, model=model, resolution=resolution,
+                                     num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
+                                     negative_prompt=negative_prompt, style=style, style_scale=style_scale,
+                                     upsample_prompt=upsample_prompt), request)
 
         def list_models() -> str:
             return self.models_json()
@@ -164,22 +171,12 @@ class McpTools:
                                "Returns:\n    JSON text: device, modes, limits and one entry per model.")
         return generate_images, compare_execution_modes, list_models
 
-    def _raw(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, style: Any,
-             style_scale: Any, upsample: Any = None) -> dict[str, Any]:
-        """Fill the model's defaults for what the caller left out (the rest is checked as sent): a style's
-        strength left out is the style's own, as the API's validation has it."""
-        try:
-            spec = self.engine.spec(check_model(model, self.limits).id)
-        except RequestError as error:
-            self.handlers.supervisor.reject(error)
-            raise user_error(str(error), "Invalid input") from None
-        return dict(prompt=prompt, model=model, resolution=resolution if resolution not in ("", None) else str(spec.buckets[0]),
-                    num_inference_steps=spec.default_steps if steps is None else steps,
-                    guidance_scale=spec.default_guidance if guidance is None else guidance,
-                    style=NO_STYLE if style is None else style,
-                    style_scale=default_scale(spec.styles, style) if style_scale is None else style_scale,
-                    upsample_prompt=(spec.prompt_upsampler is not None and spec.prompt_upsampler.default_on
-                                     if upsample is None else upsample))
+    @staticmethod
+    def _named(inputs: dict[str, Any]) -> dict[str, Any]:
+        """A tool's arguments as the page's named inputs: what the caller left out (an optional argument's
+        None, an empty resolution) is dropped, so ``validate_request`` fills the chosen model's defaults."""
+        return named_inputs({name: value for name, value in inputs.items() if not (name == "resolution" and value == "")},
+                            LEFT_OUT_WHEN_NULL)
 
     def _keep(self, path: str) -> str:
         return str(self.keeper.move_resource_to_block_cache(path))
@@ -188,23 +185,17 @@ class McpTools:
         rows = [b for b in self.engine.buckets_for(model, ExecutionMode(mode)) if b.resolution == resolution]
         return "warm" if any(b.state is BucketState.WARM for b in rows) else "cold (compiled for this request)"
 
-    def generate(self, prompt: Any, model: Any, mode: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
-                 num_images: Any, negative_prompt: Any, style: Any, style_scale: Any, upsample: Any,
-                 request: gr.Request | None) -> str:
-        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale, upsample)
+    def generate(self, inputs: dict[str, Any], request: gr.Request | None) -> str:
+        named = self._named(inputs)
         try:  # checked here first only to say how warm the bucket was before the run; generate checks again
-            checked = validate_request(dict(raw, mode=mode, seed=seed, num_images=num_images,
-                                            negative_prompt=negative_prompt), self.limits)
+            checked = validate_request(named, self.limits)
             warmth = self._warmth(checked.model, checked.mode.value, checked.resolution)
         except RequestError:
             checked, warmth = None, ""
         started = time.perf_counter()
         gallery: list[dict] = []
         kept: dict[str, str] = {}
-        for gallery, _ in self.handlers.generate(raw["prompt"], raw["model"], mode, raw["resolution"],
-                                                 raw["num_inference_steps"], raw["guidance_scale"], seed, num_images,
-                                                 False, negative_prompt, raw["style"], raw["style_scale"],
-                                                 raw["upsample_prompt"], request=request):
+        for gallery, _ in self.handlers.generate(request=request, **dict(named, previews=False)):
             for item in gallery:  # into Gradio's cache before the handler's own files go
                 path = item["image"]["path"]
                 kept.setdefault(path, self._keep(path))
@@ -222,14 +213,9 @@ class McpTools:
                          f"\n  link: {root}/?{links.link_query(settings)}")
         return "\n".join(lines)
 
-    def compare(self, prompt: Any, model: Any, resolution: Any, steps: Any, guidance: Any, seed: Any,
-                negative_prompt: Any, style: Any, style_scale: Any, upsample: Any, request: gr.Request | None) -> str:
-        raw = self._raw(prompt, model, resolution, steps, guidance, style, style_scale, upsample)
+    def compare(self, inputs: dict[str, Any], request: gr.Request | None) -> str:
         final: tuple[Any, ...] = ()
-        updates: Iterator = self.comparer.compare_modes(raw["prompt"], negative_prompt, raw["model"], raw["resolution"],
-                                                        raw["num_inference_steps"], raw["guidance_scale"], seed,
-                                                        raw["style"], raw["style_scale"], raw["upsample_prompt"],
-                                                        request=request)
+        updates: Iterator = self.comparer.compare_modes(request=request, **self._named(inputs))
         for update in updates:
             final = update
         gallery, _, figures = final

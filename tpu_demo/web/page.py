@@ -7,7 +7,7 @@ from typing import Any
 import gradio as gr
 
 from tpu_demo.core.catalog import ASSETS_DIR
-from tpu_demo.core.request import MAX_SEED
+from tpu_demo.core.request import COMPARE_INPUTS, GENERATE_INPUTS, MAX_SEED
 from tpu_demo.core.styles import default_scale
 from tpu_demo.web import chart
 from tpu_demo.web.about import about_markdown
@@ -129,13 +129,16 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             about = gr.Markdown(about_markdown(handlers.engine.about()), elem_id="about-facts")
         timer = gr.Timer(settings.status_refresh_seconds)
 
-        inputs = [prompt, model, mode, resolution, steps, guidance, seed, num_images, previews, negative_prompt, style,
-                  style_scale, upsample]
+        # each control by the request field it fills: Generate, /generate and Compare take them by name
+        controls = dict(prompt=prompt, model=model, mode=mode, resolution=resolution, num_inference_steps=steps,
+                        guidance_scale=guidance, seed=seed, num_images=num_images, previews=previews,
+                        negative_prompt=negative_prompt, style=style, style_scale=style_scale, upsample_prompt=upsample)
         generation = gr.on(
             triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
-            handlers.generate, inputs=inputs, outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
+            handlers.generate, inputs_kwargs={name: controls[name] for name in GENERATE_INPUTS},
+            outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
             postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
@@ -147,8 +150,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             handlers.arm_stop_and_pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
             api_visibility="private",
         ).then(
-            comparer.compare_modes, inputs=[prompt, negative_prompt, model, resolution, steps, guidance, seed, style,
-                                            style_scale, upsample],
+            comparer.compare_modes, inputs_kwargs={name: controls[name] for name in COMPARE_INPUTS},
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time

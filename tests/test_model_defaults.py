@@ -1,0 +1,54 @@
+"""What a caller leaves out is the chosen model's default, not the start model's.
+
+Every door builds one ``GenerationRequest`` from named inputs (``core.request.validate_request``): the
+check itself for every catalog model, and a real ``gradio_client`` call for every tiny model that names
+the model and leaves its settings out (the API's ``/generate_images``, the MCP tool's endpoint), read
+back from the reproduce link of the image it made.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from gradio_client import Client
+
+from tpu_demo.core.catalog import CATALOG, get_spec
+from tpu_demo.core.links import request_from_link
+from tpu_demo.core.request import GENERATE_INPUTS, named_inputs, validate_request
+
+TINY_MODELS = ("tiny-shapes", "tiny-flux", "tiny-sd3", "tiny-flux2")
+
+
+def _defaults(model: str) -> tuple:
+    spec = get_spec(model)
+    upsampler = spec.prompt_upsampler
+    return (str(spec.buckets[0]), spec.default_steps, spec.default_guidance,
+            upsampler is not None and upsampler.default_on, "", 1.0)
+
+
+@pytest.mark.parametrize("model", sorted(CATALOG))
+def test_a_request_that_leaves_settings_out_takes_the_chosen_models_defaults(model):
+    request = validate_request({"prompt": "a red circle", "model": model, "mode": "eager"})
+    assert (request.resolution, request.num_inference_steps, request.guidance_scale, request.upsample_prompt,
+            request.style, request.style_scale) == _defaults(model)
+
+
+def test_only_a_null_upsample_setting_means_left_out():
+    raw = named_inputs({"prompt": "a red circle", "model": "tiny-shapes", "mode": "eager", "upsample_prompt": None,
+                        "guidance_scale": None})
+    assert "upsample_prompt" not in raw and raw["guidance_scale"] is None  # a null guidance is refused, not defaulted
+    assert set(GENERATE_INPUTS) >= set(raw)
+
+
+def test_gradio_client_call_naming_each_tiny_model_runs_at_that_models_defaults(launch_app):
+    app, url = launch_app("--no-warmup", "--model", "tiny-flux", "--models", ",".join(TINY_MODELS))
+    client = Client(url, verbose=False)
+    for model in TINY_MODELS:
+        text = client.predict(prompt="a red circle on a white background", model=model, api_name="/generate_images")
+        link = re.search(r"link: \S*?/\?(\S+)", text)
+        assert link, text
+        ran = request_from_link(link.group(1))
+        assert ran.model == model
+        assert (ran.resolution, ran.num_inference_steps, ran.guidance_scale, ran.upsample_prompt, ran.style,
+                ran.style_scale) == _defaults(model), (model, text)
