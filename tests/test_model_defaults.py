@@ -15,7 +15,7 @@ from gradio_client import Client
 
 from tpu_demo.core.catalog import CATALOG, get_spec
 from tpu_demo.core.links import request_from_link
-from tpu_demo.core.request import GENERATE_INPUTS, named_inputs, validate_request
+from tpu_demo.core.request import GENERATE_INPUTS, RequestError, named_inputs, validate_request
 
 TINY_MODELS = ("tiny-shapes", "tiny-flux", "tiny-sd3", "tiny-flux2")
 
@@ -34,9 +34,12 @@ def test_a_request_that_leaves_settings_out_takes_the_chosen_models_defaults(mod
             request.style, request.style_scale) == _defaults(model)
 
 
-def test_only_a_null_upsample_setting_means_left_out():
-    raw = named_inputs({"prompt": "a red circle", "model": "tiny-shapes", "mode": "eager", "upsample_prompt": None,
-                        "guidance_scale": None})
+def test_a_null_means_left_out_only_where_the_door_says_so():
+    sent = {"prompt": "a red circle", "model": "tiny-shapes", "mode": "eager",
+            "resolution": str(get_spec("tiny-shapes").buckets[0])}
+    with pytest.raises(RequestError, match="upsample_prompt: .*null"):  # the page's doors: refused like every null
+        validate_request(dict(sent, upsample_prompt=None))
+    raw = named_inputs(dict(sent, upsample_prompt=None, guidance_scale=None), frozenset({"upsample_prompt"}))
     assert "upsample_prompt" not in raw and raw["guidance_scale"] is None  # a null guidance is refused, not defaulted
     assert set(GENERATE_INPUTS) >= set(raw)
 

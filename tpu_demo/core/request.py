@@ -26,13 +26,12 @@ GENERATE_INPUTS = ("prompt", "model", "mode", "resolution", "num_inference_steps
 #: the named inputs of /compare_modes, in its API's order (it runs every mode, one image each, no previews)
 COMPARE_INPUTS = ("prompt", "negative_prompt", "model", "resolution", "num_inference_steps", "guidance_scale",
                   "seed", "style", "style_scale", "upsample_prompt")
-#: inputs that a caller may send as null to mean "left out" (every other null is refused)
-NULL_MEANS_LEFT_OUT = frozenset({"upsample_prompt"})
 
 
-def named_inputs(inputs: Mapping[str, Any], null_means_left_out: frozenset[str] = NULL_MEANS_LEFT_OUT) -> dict[str, Any]:
+def named_inputs(inputs: Mapping[str, Any], null_means_left_out: frozenset[str]) -> dict[str, Any]:
     """The raw request a door hands ``validate_request``: its named inputs less those left out (a null in
-    ``null_means_left_out``), which then take the chosen model's defaults."""
+    ``null_means_left_out``, for a door whose optional arguments default to None), which then take the
+    chosen model's defaults. Every other null is kept, and refused."""
     return {name: value for name, value in inputs.items() if not (value is None and name in null_means_left_out)}
 
 

@@ -132,7 +132,7 @@ def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False) -> 
     if not isinstance(data, list):
         return f"data: must be a list of values; {takes}"
     expected = len(names) - inputs.server_side if simple_format and len(data) != len(names) else len(names)
-    if len(data) < expected - inputs.optional_tail:
+    if len(data) < expected:
         return f"{names[len(data)]}: missing; {takes}"
     if len(data) > expected:
         return f"data: {len(data)} value(s), {len(data) - expected} too many; {takes}"
@@ -199,7 +199,7 @@ class AdmissionMiddleware:
             await json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
                                                        "event calls carry a prompt and a few values"})
             return
-        refusal, body = self._arity(scope, body)
+        refusal = self._arity(scope, body)
         if refusal is not None:
             if self._limited(scope, body):
                 log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
@@ -223,34 +223,24 @@ class AdmissionMiddleware:
         finally:
             self.gate.joining.remove(joining)
 
-    def _arity(self, scope: Scope, body: bytes) -> tuple[str | None, bytes]:
-        """Why a call's ``data`` does not fit the handler it names (Gradio would answer it with no
-        message (too few) or a crash (too many)), or None; and the body to pass on, a left-out
-        optional tail filled with nulls."""
+    def _arity(self, scope: Scope, body: bytes) -> str | None:
+        """A call whose ``data`` does not fit the handler it names; Gradio would answer it with no
+        message (too few) or a crash (too many)."""
         try:
             payload = json.loads(body)
         except ValueError:
-            return None, body  # Gradio answers malformed JSON with 422 itself
+            return None  # Gradio answers malformed JSON with 422 itself
         if not isinstance(payload, dict) or "data" not in payload:
-            return None, body
+            return None
         path = scope.get("path", "").rstrip("/")
         api_name = path.rsplit("/", 1)[-1]
         if "/gradio_api/call/v2/" in path:
-            return None, body  # named arguments: Gradio matches them to the inputs by name
-        simple = "/gradio_api/call/" in path
-        if simple:
+            return None  # named arguments: Gradio matches them to the inputs by name
+        if "/gradio_api/call/" in path:
             inputs = self.event_inputs(None, api_name)
-        else:
-            inputs = self.event_inputs(payload.get("fn_index"), None if path.endswith("/queue/join") else api_name)
-        if inputs is None:
-            return None, body
-        refusal = arity_error(inputs, payload["data"], simple_format=simple)
-        data = payload["data"]
-        wanted = len(inputs.names) - (inputs.server_side if simple else 0)
-        if refusal is None and inputs.optional_tail and isinstance(data, list) and len(data) < wanted:
-            payload["data"] = data + [None] * (wanted - len(data))
-            body = json.dumps(payload).encode()
-        return refusal, body
+            return arity_error(inputs, payload["data"], simple_format=True) if inputs else None
+        inputs = self.event_inputs(payload.get("fn_index"), None if path.endswith("/queue/join") else api_name)
+        return arity_error(inputs, payload["data"]) if inputs else None
 
     def _limited(self, scope: Scope, body: bytes) -> bool:
         """Whether this call joins the queue for the limited endpoint (Generate)."""

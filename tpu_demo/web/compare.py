@@ -17,7 +17,7 @@ import gradio as gr
 from tpu_demo.core.comparison import ComparePhase, Comparison, ModeRun
 from tpu_demo.core.events import ImageResult, Stopped
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import RequestError, named_inputs, validate_request
+from tpu_demo.core.request import RequestError, validate_request
 from tpu_demo.web.gradio_queue import CurrentEvent
 from tpu_demo.web.handlers import user_error
 from tpu_demo.web.outputs import RequestFiles
@@ -83,7 +83,7 @@ class CompareHandler:
         the last update holds every mode."""
         queued = CurrentEvent.capture()
         try:
-            generation = validate_request(dict(named_inputs(inputs), mode=ExecutionMode.EAGER.value, num_images=1,
+            generation = validate_request(dict(inputs, mode=ExecutionMode.EAGER.value, num_images=1,
                                                previews=False), self.page.settings.limits)
         except RequestError as error:
             self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)

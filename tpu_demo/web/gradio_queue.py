@@ -18,7 +18,6 @@ from typing import Any, Collection, Iterator
 
 import gradio as gr
 
-from tpu_demo.core.request import NULL_MEANS_LEFT_OUT
 from tpu_demo.web.callers import session_key
 
 
@@ -92,8 +91,6 @@ class EventInputs:
     names: tuple[str, ...]
     #: inputs the simple ``/call/`` format leaves out (gr.State): their values live on the server
     server_side: int = 0
-    #: trailing inputs a positional call may leave out (sent on as null: "left out", core.request)
-    optional_tail: int = 0
 
 
 def event_inputs(blocks: gr.Blocks, fn_index: Any = None, api_name: str | None = None) -> EventInputs | None:
@@ -118,11 +115,8 @@ def event_inputs(blocks: gr.Blocks, fn_index: Any = None, api_name: str | None =
     else:
         names = tuple(parameters[:len(inputs)]) if len(parameters) >= len(inputs) else tuple(
             f"input {i + 1}" for i in range(len(inputs)))
-    tail = 0
-    while tail < len(names) and names[len(names) - 1 - tail] in NULL_MEANS_LEFT_OUT:
-        tail += 1
     return EventInputs(getattr(fn, "api_name", None), names,
-                       sum(1 for block in inputs if getattr(block, "skip_api", False)), tail)
+                       sum(1 for block in inputs if getattr(block, "skip_api", False)))
 
 
 def pending_events(blocks: gr.Blocks, api_names: str | Collection[str]) -> Iterator[QueuedEvent]:

@@ -21,8 +21,7 @@ from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, Loading, StepProgress, Stopped
 from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import (MAX_SEED, RequestError, RequestLimits, check_mode, check_model, named_inputs,
-                                   validate_request)
+from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.core.vocabulary import load_vocabulary, vocabulary_note
 from tpu_demo.web.admission import WarmupThrottle
 from tpu_demo.web.callers import request_headers, stop_key
@@ -144,7 +143,7 @@ class PageHandlers:
         """
         queued = CurrentEvent.capture()
         try:
-            generation = validate_request(named_inputs(inputs), self.settings.limits)
+            generation = validate_request(inputs, self.settings.limits)
         except RequestError as error:
             self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
             raise user_error(str(error), "Invalid input") from None
