@@ -1,9 +1,10 @@
 """What a caller leaves out is the chosen model's default, not the start model's.
 
 Every door builds one ``GenerationRequest`` from named inputs (``core.request.validate_request``): the
-check itself for every catalog model, and a real ``gradio_client`` call for every tiny model that names
-the model and leaves its settings out (the API's ``/generate_images``, the MCP tool's endpoint), read
-back from the reproduce link of the image it made.
+check itself for every catalog model (the resolution is required there), and a real ``gradio_client``
+call for every tiny model that names the model and leaves its settings out (the API's
+``/generate_images``, the MCP tool's endpoint, which fills the resolution with the model's first bucket),
+read back from the reproduce link of the image it made.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ def _defaults(model: str) -> tuple:
 
 @pytest.mark.parametrize("model", sorted(CATALOG))
 def test_a_request_that_leaves_settings_out_takes_the_chosen_models_defaults(model):
-    request = validate_request({"prompt": "a red circle", "model": model, "mode": "eager"})
+    sent = {"prompt": "a red circle", "model": model, "mode": "eager"}
+    with pytest.raises(RequestError, match="resolution: .*null"):  # the resolution is required, not defaulted
+        validate_request(sent)
+    bucket = str(get_spec(model).buckets[-1])
+    request = validate_request(dict(sent, resolution=bucket))
     assert (request.resolution, request.num_inference_steps, request.guidance_scale, request.upsample_prompt,
-            request.style, request.style_scale) == _defaults(model)
+            request.style, request.style_scale) == (bucket, *_defaults(model)[1:])
 
 
 def test_a_null_means_left_out_only_where_the_door_says_so():

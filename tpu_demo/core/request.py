@@ -2,8 +2,8 @@
 
 Every door (the page, ``/generate``, ``/compare_modes``, the MCP tools) builds one
 ``GenerationRequest`` from named inputs through ``validate_request``: every field is checked before
-anything reaches the device, each violation raises RequestError naming the field, and every field a
-caller leaves out is the chosen model's default.
+anything reaches the device, each violation raises RequestError naming the field, and every optional
+field a caller leaves out is the chosen model's default.
 """
 
 from __future__ import annotations
@@ -208,13 +208,13 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
     """Check every field of a raw request (from the UI or the API) against the model's limits.
 
     Every field is checked whether or not the model uses it (a NaN guidance is refused even where
-    the model's guidance is fixed); optional fields may be left out (they take the chosen model's
-    defaults: its first bucket, steps, guidance, upsampler setting, the style's strength), but not
-    sent as null.
+    the model's guidance is fixed); the resolution is required, optional fields may be left out (they
+    take the chosen model's defaults: its steps, guidance, upsampler setting, the style's strength), but
+    none may be sent as null.
     """
     spec = check_model(raw.get("model"), limits)
     mode = check_mode(raw.get("mode"), limits)
-    resolution = raw.get("resolution", str(spec.buckets[0]))
+    resolution = raw.get("resolution")
     if not isinstance(resolution, str):
         raise RequestError("resolution", f"must be text like \"{spec.buckets[0]}\", got {_kind(resolution)}")
     try:

@@ -22,7 +22,7 @@ from gradio import route_utils
 from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import MAX_SEED, RequestError, named_inputs, validate_request
+from tpu_demo.core.request import MAX_SEED, RequestError, check_model, named_inputs, validate_request
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE
 from tpu_demo.web.outputs import user_error
 
@@ -171,12 +171,18 @@ class McpTools:
                                "Returns:\n    JSON text: device, modes, limits and one entry per model.")
         return generate_images, compare_execution_modes, list_models
 
-    @staticmethod
-    def _named(inputs: dict[str, Any]) -> dict[str, Any]:
+    def _named(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """A tool's arguments as the page's named inputs: what the caller left out (an optional argument's
-        None, an empty resolution) is dropped, so ``validate_request`` fills the chosen model's defaults."""
-        return named_inputs({name: value for name, value in inputs.items() if not (name == "resolution" and value == "")},
-                            LEFT_OUT_WHEN_NULL)
+        None) is dropped, so ``validate_request`` fills the chosen model's defaults; a resolution left out
+        (empty or None), which the request check refuses, is the chosen model's first bucket."""
+        named = named_inputs({name: value for name, value in inputs.items() if not (name == "resolution" and value == "")},
+                             LEFT_OUT_WHEN_NULL)
+        if "resolution" not in named:
+            try:
+                named["resolution"] = str(check_model(named.get("model"), self.limits).buckets[0])
+            except RequestError:
+                pass  # validate_request names the bad model
+        return named
 
     def _keep(self, path: str) -> str:
         return str(self.keeper.move_resource_to_block_cache(path))
