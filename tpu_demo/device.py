@@ -1,10 +1,8 @@
 """Everything that differs between TPU, CUDA and CPU lives here, and only here.
 
-The rest of the package asks this module which device to use, how to run an execution mode
-on it, which ``torch.compile`` backend and which ``torch.distributed`` backend to use. On a
-machine without TPU chips (or without torch-tpu) every TPU branch is skipped and the
-equivalent CPU/CUDA path runs: plain eager for the two eager modes, inductor/aot_eager for
-compiled mode, gloo/nccl for collectives. Nothing here pretends to be a TPU.
+The rest of the package asks this module for the device, how to run an execution mode on it, and which
+compile and collective backends to use. Without TPU chips (or torch-tpu) every TPU branch is skipped and
+the CPU/CUDA equivalent runs; nothing here pretends to be a TPU.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The real models' architectures, as data: each component's class and configuration.
+"""The real models' architectures as data: each component's class and its published configuration.
 
-Transcribed from the published ``config.json`` of each repository (FLUX.1-schnell, Stable
-Diffusion 3.5 Medium, FLUX.2-dev). ``models/sizing.py`` builds each component on the ``meta``
-device from these (no weights) to count parameters and bytes, which must agree with the
-catalog's ``component_gb``; the real-resolution tests build the same classes at reduced depth
-(``depth_keys`` say which fields count blocks) with every width, head count and text length real.
+Values are the repositories' own ``config.json`` (FLUX.1-schnell, SD3.5 Medium, FLUX.2-dev), as published;
+the catalog's ``component_gb`` must equal what ``models/sizing.py`` counts from them on the meta device.
+``depth_keys`` name the only fields a reduced-depth test may shrink. Plain data: no torch, no weights.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The link that reproduces an image: its settings as query parameters of the page's own URL.
 
-``/?prompt=...&model=tiny-shapes&mode=eager&resolution=64x64&steps=12&guidance=3.0&upsample=1&seed=7``
-(``upsample=1`` where the model's prompt upsampler rewrote the typed prompt, from the seed; a link
-without it, as every link made before the upsampler, draws the prompt as typed; ``negative_prompt``
-too where the image had one; ``style`` and ``style_scale`` where it had a style). Opening it fills
-the controls; nothing runs until the visitor clicks, so a shared link cannot queue work by being
-visited. Every parameter is checked by the same validation as the API, and an error names the
-link's parameter (``steps: must be from 1 to 50, got 999``). The same settings on the same server
-and weights give the same pixels.
+Opening a link only fills the controls: it never runs or queues anything. Every parameter passes the
+API's validation, and an error names the link's parameter. A link without ``upsample=1`` draws the prompt
+as typed. The same link on the same server and weights gives the same pixels.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Generation settings carried inside each PNG.
+"""Generation settings carried inside each PNG, in two text chunks.
 
-Two text chunks: "parameters", in the AUTOMATIC1111 layout that image tools read
-(prompt line, a style as A1111's LoRA tag ``<lora:NAME:SCALE>`` at its end, "Negative prompt: ..." line
-when there is one, then "Steps: 4, Sampler: ..., CFG scale: ..., Seed: ..., Size: WxH, Model: ...", and
-"Drawn as: ..." when a prompt upsampler rewrote the typed prompt), and "tpu_demo", the same settings as
-JSON, which is what the app reads back: the typed ``prompt``, ``upsample_prompt`` and, when rewritten,
-``drawn_prompt``. A PNG made before the upsampler (no ``upsample_prompt``) restores with it off.
+"parameters" is the AUTOMATIC1111 layout image tools read (a style as ``<lora:NAME:SCALE>``, "Drawn as:"
+when the prompt was rewritten); "tpu_demo" holds the same settings as JSON and is the only one the app
+reads back. The typed prompt is always kept; a PNG without ``upsample_prompt`` restores with it off.
 """
 
 from __future__ import annotations

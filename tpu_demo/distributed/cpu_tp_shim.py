@@ -1,20 +1,9 @@
-"""Let diffusers' tensor parallelism load on CPU ranks (gloo): used ONLY when the device is cpu.
+"""Let diffusers' tensor parallelism load on CPU ranks (gloo): used only when the device is cpu.
 
-Why this exists: the tensor-parallel path must be testable on machines without chips (CI,
-laptops), with one process per rank on the gloo backend. diffusers 0.42.1 blocks that in
-exactly two places, neither of which is about the math:
-
-1. ``diffusers.hooks.tensor_parallel._SUPPORTED_TP_DEVICES`` lists "cuda", "neuron", "tpu" and
-   "xpu", so a ``DeviceMesh("cpu", ...)`` is refused before anything is sharded;
-2. ``ModelMixin._resolve_parallel_config`` picks each rank's device as
-   ``rank % torch.accelerator.device_count()``, which is a division by zero without an
-   accelerator.
-
-Everything else (``parallelize_module``, DTensor collectives over gloo, reading each rank's
-slice off the safetensors file) runs unchanged on CPU. The shim adds "cpu" to that tuple and
-makes ``torch.accelerator.device_count()`` report one device, only while a tensor-parallel
-model is loaded, and restores both afterwards. TPU and CUDA never enter it (see
-``tensor_parallel.load_tensor_parallel_pipeline``).
+Only while a tensor-parallel model loads, diffusers' ``_SUPPORTED_TP_DEVICES`` also lists "cpu" and
+``torch.accelerator.device_count()`` reports at least one device (a rank's device is ``rank % count``);
+both are restored afterwards. Sharding, collectives and slice reads are not touched; TPU and CUDA never
+enter it.
 """
 
 from __future__ import annotations

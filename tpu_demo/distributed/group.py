@@ -1,14 +1,9 @@
 """Tensor parallelism over chips: one process per chip (torchrun), models sharded over a DeviceMesh.
 
-As in the source document: the process group uses "tpu_dist" on TPU (gloo on CPU, nccl on
-CUDA, from device.distributed_backend); the mesh is ``DeviceMesh(<device kind>, ranks)``; the
-transformer is loaded with ``parallel_config=TensorParallelConfig(mesh=...)`` so each rank reads
-only its slice of each sharded weight; a text encoder whose model has a tensor-parallel plan
-(FLUX.2's Mistral3) is loaded with transformers' ``DistributedConfig(tp_plan="auto")``; every
-other component (VAE, FLUX.1's CLIP/T5, which have no plan) is whole on the rank's own device.
-
-A small gloo "control" group carries the lockstep messages and the per-step stop flag (see
-lockstep.py); it is gloo on every device because it moves Python objects and one CPU scalar.
+Each rank reads only its slice of each sharded weight (the transformer, and a text encoder with a
+tensor-parallel plan); every other component is whole on the rank's own device. Model collectives use the
+device's backend ("tpu_dist", gloo or nccl); lockstep messages and the stop flag use a gloo control
+group on every device.
 """
 
 from __future__ import annotations

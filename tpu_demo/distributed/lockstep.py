@@ -1,18 +1,9 @@
 """Lockstep serving: rank 0 talks to users, every rank runs the same pipeline calls in the same order.
 
-Rank 0 runs Gradio and the Engine. Before each model load and each pipeline call (warmup and
-requests alike) the Engine enters ``Lockstep.leading(message)``: rank 0 broadcasts the message
-(model, prompt, seed, bucket, steps, guidance, mode) to every rank over the gloo control group,
-and the followers, looping in ``follow``, make the same Engine call. Collectives inside the
-sharded models then line up rank by rank.
-
-At every denoising step all ranks all-reduce one stop flag, so Stop (or a client leaving)
-interrupts every rank at the same step.
-
-Failure: a follower that dies or a collective that times out makes the call fail on rank 0;
-so does a step that takes longer than the slowest step seen for that shape plus the timeout
-(a watchdog on rank 0, independent of the backend's own timeouts). The group is then marked
-failed: the user gets one clear error and every later request is refused at once.
+Rank 0 announces every model load and pipeline call (warmup and requests) before making it; followers
+make the same Engine call, so collectives line up. Every rank stops at the same denoising step. A dead
+follower, a timed-out collective or a stalled step fails the group: one clear error, then every later
+request is refused at once.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """One pipeline call for a batch of images from one or several requests (on the device thread).
 
-The call gets one prompt and one ``torch.Generator("cpu").manual_seed(seed + i)`` per image
-(``prompt=[...]``, ``generator=[...]``): diffusers draws each image's initial noise from its
-own generator, so an image is the same (within float rounding) alone or in a batch.
-
-``BatchRunner`` is built from the collaborators it uses (the model pool, the bucket book, the
-pipeline calls, the decode guard, the recent runs), not the Engine.
-
-Inside the denoising loop ``BatchObserver`` gives each image its own ``StepObserver`` over its
-slice of the latents (its own step events and previews). A request whose Stop flag is set is
-dropped at the next step and its stream ends at once; the others go on. Only when every image
-of the call is unwanted does the pipeline stop, and then the VAE decode is skipped too.
+Each image has its own ``torch.Generator("cpu").manual_seed(seed + i)``, so it is the same alone or in a
+batch. A stopped request is dropped at the next step and its stream ends; the others go on. The pipeline
+stops, skipping the VAE decode, only when no image of the call is wanted. ``BatchRunner`` gets the
+collaborators it uses, never the Engine.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Images waiting for the device, and how each pipeline call is formed from them.
 
-Every request's images wait here until the device thread takes them. A call is formed from
-the oldest waiting request's shape (model, mode, bucket, steps, guidance, style and its scale: the
-transformer holds one style at a time, so images of different styles never share a call): it takes up to the
-largest *warm* static batch size (1, 2, 4, capped by ``--max-batch``) of waiting images of
-that shape, one image per request per round (round robin), and every request that gave an
-image moves to the back of the line. So a client asking 4 images never starves one asking 1:
-with batch 1 they alternate, with batch 2 each gets one image per call.
-
-Only warm batch sizes are used (batch 1 excepted: it is the bucket itself), so a request never
-triggers the compile of a batch size; sizes are warmed like buckets (``Engine.warmup``).
-
-A call may wait a moment for its batch to fill (``wait_for_batch``, ``--batch-wait-seconds``):
-visitors who each wait for their last image before asking again arrive staggered, a few tens
-of milliseconds apart, and a call started at once would take them one by one. It waits only
-for as many requests as were in the line together lately (the crowd), so a lone visitor never
-waits and two visitors never wait for a batch of 4.
-
-Images are never padded: a batch of 4 that only 3 images want runs as 2 + 1 (on CPU a padded
-image costs a whole image of compute; see docs/generation.md).
-
-The stream of a request ends through ``PendingRequest.finish``: exactly once, with its last
-event, whoever gets there first (the device thread, a Stop seen while it waits, its consumer
-leaving). Events for a finished request are dropped.
+A call holds images of one shape (model, mode, bucket, steps, guidance, style and its scale) at a warm
+batch size only, one image per request per round (round robin): a request never compiles and never
+starves another. Images are never padded; a lone visitor never waits for a batch to fill. A request's
+stream ends exactly once (``PendingRequest.finish``); events after that are dropped.
 """
 
 from __future__ import annotations

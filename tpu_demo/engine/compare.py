@@ -1,10 +1,9 @@
 """Run one request in strict eager, optimized eager and compiled mode, warm against warm.
 
-Each mode's shape is warmed first when it is cold (a cold compiled bucket compiles here, and
-that time is reported on its own), then each mode is timed with the same prompt, seed, bucket,
-steps and guidance, in interleaved rounds (the fastest run of each mode counts). Each run is an
-ordinary engine request, so tensor parallelism, Stop and the request log work as for Generate.
-It is handed the engine calls it makes (``EngineCalls``), not the Engine.
+A cold shape is warmed first and its compile time reported apart, never as a run. The modes are timed in
+interleaved rounds with the same prompt, seed, bucket, steps and guidance; the fastest run of each
+counts. Each run is an ordinary engine request (tensor parallelism, Stop, the request log), made through
+``EngineCalls``, never the Engine.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The persistent compile cache: compiled graphs survive a restart, so warmup is paid once.
 
-Everything lives under ``<cache-dir>/compile``:
-
-- ``inductor/``: PyTorch inductor's on-disk caches (CPU/CUDA): the FX graph cache and the AOT
-  autograd cache (``TORCHINDUCTOR_CACHE_DIR``, ``TORCHINDUCTOR_FX_GRAPH_CACHE``,
-  ``TORCHINDUCTOR_AUTOGRAD_CACHE``; generated C++/Triton kernels go under it too).
-- ``torch-tpu/``: torch-tpu's tier-3 (persistent, on disk) compilation cache
-  (``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``). torch-tpu reads it once, when its backend
-  initialises, which happens when ``import torch`` autoloads it: call ``use_compile_cache``
-  before importing torch (app.py does). Its tier-2 cache (``/dev/shm``, shared by the
-  processes of one host, off for a single process) is left to its own default.
-
-Only environment variables are set here, so this module does not import torch. A variable
-the operator already set is left alone. ``compile_source`` tells, from inductor's cache
-counters, whether a compile was served from the cache.
+Points inductor's caches (CPU/CUDA) and torch-tpu's tier-3 cache at ``<cache-dir>/compile`` through
+environment variables only: it never imports torch, never overrides a variable the operator set, and
+leaves torch-tpu's tier-2 cache at its default. ``use_compile_cache`` must run before torch is imported.
+``compile_source`` tells from inductor's counters whether a compile came from the cache.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The engine: loads each model once, keeps a warm compiled graph per bucket, runs requests.
 
-All device work runs on one worker thread, one job at a time, so two pipelines never run at once
-and background warmup interleaves with requests between buckets. A request is a generator of
-events (compiling, step progress, image done, stopped) fed by that thread through a queue. Its
-images wait in ``batching.ImageQueue``; each device job makes one pipeline call from waiting
-images of one shape (``batch_run``), up to ``max_batch`` at a time.
-
-No Gradio here; device specifics come from ``tpu_demo.device``, model knowledge from the catalog.
-Parts: ``model_pool`` (loading, eviction, the style slot), ``bucket_book`` (shape states),
-``step_observer`` (inside the denoising loop), ``image_record`` (timings, PNG settings),
-``warmup`` (warming shapes, background warmups), ``pipeline_calls`` (the one way to call a
-pipeline), ``batch_run`` (one call for a batch of waiting images).
+All device work runs on one thread, one job at a time: two pipelines never run at once, and background
+warmup interleaves with requests between buckets. A request is a generator of events fed by that thread;
+each job makes one pipeline call from waiting images of one shape. No Gradio: device specifics come
+only from ``tpu_demo.device``, model knowledge only from the catalog.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Which denoising steps get a live preview, and the preview copies in flight.
 
-A preview must never make the device wait. So a preview is projected to its few RGB bytes on
-the device (``LatentPreviewer.project``), its device -> host copy is started without waiting
-(``device.start_host_copy``), and the frame is picked up at a later step once the copy has
-landed: on TPU/CUDA usually the next step, on CPU at once. At most one copy is in flight.
-
-And a fast model must not stream dozens of previews a second, each of which the UI renders and
-sends: previews are throttled by wall time, ``min_seconds`` apart counting from the image's
-start, on top of ``every`` N steps. So an image done within ``min_seconds`` shows none (a preview
-replaced by its image a moment later is flicker, not news, and it costs the denoising loop the
-same as any other), and a preview is also skipped when the image itself is due within
-``min_seconds`` (estimated from the host's step times so far, no device sync). Whatever the step
-time, previews cost at most one update per ``min_seconds``.
+A preview never makes the device wait: it is projected on the device, its host copy is started without
+waiting and picked up at a later step, and at most one copy is in flight. Previews come at most once per
+``min_seconds`` (and every ``every`` steps); none is made for an image due within ``min_seconds``,
+estimated from the host's step times without a device sync.
 """
 
 from __future__ import annotations

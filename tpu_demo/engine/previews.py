@@ -1,13 +1,9 @@
 """Cheap step previews: a linear latent -> RGB projection, fitted per model from its own outputs.
 
-Decoding with the VAE every step would cost as much as a denoising step; a linear map from the
-latent channels to RGB costs a tiny matrix product, done on the device so that only the
-preview's few bytes are copied to the host (``preview_stream`` starts that copy and picks it up
-later). Rather than hard-coding per-architecture factors, each loaded model fits its own map
-(ridge regression) from pairs it produces anyway: the final latents of a generation and the
-decoded final image. Warmup provides the first pairs, so previews look right from the first
-user request. Packed latents (FLUX: tokens of 2x2 patches) are unpacked to their row-major grid
-first; spatial latents (SD3) are used as is.
+The map is fitted (ridge regression) on the final latents and decoded images a model makes anyway, never
+hard-coded per architecture; warmup gives the first pairs, so the first request's previews look right.
+It runs on the device, so only the preview's bytes reach the host. Packed latents (FLUX) are unpacked to
+their grid first. A preview never changes the final pixels.
 """
 
 from __future__ import annotations

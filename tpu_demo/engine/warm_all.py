@@ -1,13 +1,9 @@
 """``--warm all``: every offered model in every offered mode, warmed before the first visitor.
 
-Start-up loads each offered model in turn (the start model last, so it stays loaded) and warms every
-bucket at every batch size in each mode the page offers (strict eager, optimized eager, compiled: what
-Compare modes runs), the start mode last. Compiled shapes land in the persistent compile cache
-(``engine/compile_cache.py``); the next model's load evicts the previous one, so one model's weights
-are held at a time, and a later switch to a warmed model costs its load and cache reads.
-
-An evicted model loses its in-memory graphs (``ModelPool.unload`` resets dynamo), so its buckets read
-cold again in the bucket book: ``summary()`` says what was warmed, ``/health`` what is loaded now.
+Every bucket at every batch size, in each mode the page offers, goes into the persistent compile cache.
+One model's weights are held at a time; the start model and the start mode come last, so they stay
+loaded. An evicted model's buckets read cold again: ``summary()`` says what was warmed, ``/health``
+what is loaded now.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Warming shapes: one device job per shape, and background warmups coalesced per (model, mode).
 
-Switching model or mode on the page starts a warmup of every bucket. Without the lane a visitor
-could queue warmups faster than the device compiles them (minutes per bucket on TPU); here a
-repeated ask returns the warmup already pending, and warmups wait for each other, so a request
-waits for at most one bucket's warmup job on the device thread.
-
-``Warmer`` is handed the few collaborators it uses (the bucket book, the model pool, the device
-thread's ``submit``, the engine's pipeline call), not the Engine: what warming may touch is
-visible in its constructor, and it cannot reach the request queue or the engine's other state.
+A repeated ask returns the warmup already pending, and warmups wait for each other, so visitors cannot
+queue warmups faster than the device compiles them and a request waits for at most one bucket's warmup
+job. ``Warmer`` gets only the collaborators it uses, never the Engine or the request queue.
 """
 
 from __future__ import annotations

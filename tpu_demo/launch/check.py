@@ -1,14 +1,9 @@
 """``python app.py --check``: what this host is and what the app would do on it, without loading weights.
 
-Prints the host, the device and its chips (HBM per chip), the versions of torch, torch-tpu and libtpu,
-each offered model's placement and chips, whether its weights are complete (every file its snapshot's
-indexes name, with sizes) against the free disk, a pinning probe per chip, and the processes and
-ports the command would start (``--chips``: engines, nginx, the readiness sync). Exit 0 when nothing
-stands in the way, else 1 after a list naming every problem.
-
-app.py turns torch-tpu's autoload off before this module imports torch: the check reads the chips
-with the PCI scan and never holds them, so each probe child (one per chip, that chip's libtpu
-variables set) can start the runtime on its own chip.
+Prints the host, chips, versions, each offered model's placement and weight files against the free disk,
+a pinning probe per chip, and the processes and ports the command would start; exits 0 when nothing
+stands in the way, else 1 naming every problem. It never holds a chip (chips are read with the PCI scan),
+so each probe child can start the runtime on its own chip.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """``--chips``: how one command puts every chip of a host to work (the plan; fleet.py runs it).
 
-``python app.py`` alone computes on one chip whatever the host has. With ``--chips all`` (every
-TPU chip of this host) or ``--chips N``:
-
-- every offered model fits one chip (docs/placements.md): **one engine per chip**, each a plain
-  ``python app.py`` pinned to its chip through libtpu's environment (``device.one_chip_environment``),
-  on a loopback port, behind the nginx of deploy/nginx (session affinity, only ready engines get
-  visitors). No collective joins them, so N chips serve N visitors at once. Off TPU the same
-  command runs N engines on loopback (CPU: N replicas sharing the host's cores).
-- some offered model fits no single chip: **one tensor-parallel group** over the chips
-  (``scripts/serve_tp.sh N``), which every offered model must be able to join.
-
-Either every offered model is served, or ``plan_chips`` refuses with one message naming each model
-that cannot be served there and the options; it never leaves a model out.
-
-Pure planning: no process is started and no chip is opened here (the PCI scan only).
+When every offered model fits one chip: one engine per chip, pinned through libtpu's environment, behind
+nginx, with no collective between them. Otherwise: one tensor-parallel group over the chips. Every
+offered model is served, or ``plan_chips`` refuses naming each one that cannot be; it never leaves a
+model out. Pure planning: it starts no process and opens no chip (the PCI scan only).
 """
 
 from __future__ import annotations

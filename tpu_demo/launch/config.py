@@ -1,10 +1,8 @@
 """Command-line flags and ``TPU_DEMO_*`` environment variables -> AppConfig.
 
-Every flag has an environment twin (``--memory-budget`` <-> ``TPU_DEMO_MEMORY_BUDGET``); the
-command line wins. ``--host`` and ``--port`` also read Gradio's own ``GRADIO_SERVER_NAME`` and
-``GRADIO_SERVER_PORT`` (what Hugging Face Spaces sets), after their ``TPU_DEMO_*`` twin: flag,
-then ``TPU_DEMO_HOST``, then ``GRADIO_SERVER_NAME``, then the default. A bad value exits with
-status 2 and one line naming the flag.
+Every flag has an environment twin and the command line wins; ``--host`` and ``--port`` then fall back
+to Gradio's ``GRADIO_SERVER_NAME`` / ``GRADIO_SERVER_PORT``. A bad value exits with status 2 and one
+line naming the flag.
 """
 
 from __future__ import annotations

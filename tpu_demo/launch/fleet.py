@@ -1,20 +1,9 @@
 """Run ``--chips``: N engines behind nginx on this host (or one tensor-parallel group), one command.
 
-    python app.py --chips all --host 0.0.0.0 --port 8080 --models flux.1-schnell,sd3.5-medium --warm all
-
-This process is only the launcher: it never imports torch (on a TPU host ``import torch`` would
-start torch-tpu's runtime and hold chips its engines need), so app.py hands over to it before
-anything else. It asks a short-lived child for the host's chips (torch-tpu's PCI scan, runtime not
-started) and the offered models, plans with ``chips.plan_chips``, then either
-
-- starts one ``python app.py`` per chip on 127.0.0.1:<port+1+i>, each with its chip's libtpu
-  environment, its log in ``<cache-dir>/chips-<port>/engine-<i>.log``, all sharing the compile cache
-  and started one after another (each once ``/ready`` of the one before says 200, so a graph is
-  compiled once and the later engines read it from the cache); nginx with deploy/nginx/tpu-demo.conf listening on ``--host:--port``; and
-  deploy/nginx/ready_upstreams.py keeping nginx's list to the engines whose ``/ready`` says 200.
-  Ctrl-C / SIGTERM stops them all (engines drain their running request); an engine that dies
-  stops the others too (exit 1), so a supervisor (systemd, Kubernetes) restarts the whole host;
-- or replaces itself with ``scripts/serve_tp.sh N`` (tensor parallel over every chip).
+The launcher never imports torch. Engines start one after another, each once the previous one's
+``/ready`` says 200, each pinned to its chip and all sharing the compile cache; nginx sends visitors to
+ready engines only. Ctrl-C / SIGTERM stops them all; an engine that dies stops the others (exit 1). A
+tensor-parallel plan replaces this process with ``scripts/serve_tp.sh N``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """One rank of the tensor-parallel app (``app.py --tensor-parallel`` under torchrun).
 
-Every rank joins the process group and builds the same Engine; rank 0 also builds the Gradio
-app and serves it, the other ranks follow rank 0's calls (lockstep.py). Start it with
-``scripts/serve_tp.sh N``.
-
-Stopping: torchrun answers Ctrl-C / SIGTERM, and the death of any rank, by sending SIGTERM to
-every rank. Rank 0 then marks the group failed (a request in flight gets that error), gives
-the page a moment to deliver it, closes the server and exits; followers die of SIGTERM or
-leave when rank 0's connection closes. Ranks end with ``os._exit`` because a device thread
-can still be blocked inside a collective whose peer is gone, and must not keep the process.
+Every rank builds the same Engine; rank 0 also serves the page and the others follow its calls. On
+Ctrl-C, SIGTERM or any rank's death, rank 0 marks the group failed, lets the page deliver the error of a
+request in flight, then exits; followers exit too. Every rank ends with ``os._exit``, so no thread blocked
+in a dead collective keeps a process alive.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Placement strategies: how a pipeline's components go onto the device(s), and what compiles.
 
-- whole on device: ``pipe.to(device)``; compiled mode compiles the full transformer.
-- model CPU offload: ``enable_model_cpu_offload()``; each model moves to the device only while
-  it runs. Offload hooks cannot be traced, so compiled mode compiles the repeated blocks.
-- resident: transformer and VAE on the device, text encoders on the host with cached prompt
-  embeddings (prompt_cache.py); no weights move per request. Compiled mode compiles the full transformer.
-- tensor parallel: transformer and text encoder sharded over chips; see distributed/group.py.
+Whole (``pipe.to(device)``) and resident (transformer and VAE on the device, text encoders on the host)
+move no weights per request and compile the full transformer; model CPU offload moves each model to the
+device only while it runs and compiles the repeated blocks; tensor parallel shards over chips
+(``distributed/group.py``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Which placement fits which chips, and how many weight bytes each placement moves per request.
 
-Pure arithmetic on the catalog's per-component sizes (checked against the real architectures by
-``models/sizing.py``), so the placement tables of docs/placements.md are computed, not typed, and a
-test keeps the two equal. Preference order on one chip: everything resident (whole), then the
-denoiser and VAE resident with the text encoders on the host (resident), then CPU offload; a
-host's chips then each run one engine. A model no single chip holds is sharded over the chips
-(tensor parallelism), when each chip's share fits.
+Pure arithmetic on the catalog's per-component sizes; docs/placements.md's tables are computed from it,
+never typed. On one chip it prefers whole, then resident, then CPU offload; a model no single chip holds
+is sharded over the chips when each chip's share fits.
 """
 
 from __future__ import annotations

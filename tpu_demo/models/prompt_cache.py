@@ -1,15 +1,9 @@
 """The resident placement's host side: text encoders on the host, prompt embeddings cached.
 
-Under CPU offload every request copies every weight to the chip and back (FLUX.1-schnell: ~34 GB
-each way, seconds on a TPU host's link, more than its 4 denoising steps). The resident
-placement keeps the transformer and VAE on the chip and runs the text encoders where they are,
-on the host; the embeddings they produce (a few MB) are the only thing a request moves. An LRU
-cache keyed by everything that changes them lets a repeated prompt skip the encoders entirely.
-
-The pipeline keeps its transformer, VAE, tokenizers and scheduler; its text encoders move to a
-second pipeline of the same class (``transformer=None, vae=None``, diffusers' documented way to
-encode prompts alone), whose ``encode_prompt`` runs on the host. The denoising pipeline is then
-called with ``prompt_embeds=`` and friends instead of ``prompt=``.
+No weight moves per request: the transformer and VAE stay on the chip, the text encoders run on the host
+in a second pipeline of the same class (``transformer=None, vae=None``), and only their embeddings go to
+the device. An LRU cache keyed by everything that changes the embeddings lets a repeated prompt skip the
+encoders.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A model's declared prompt language (``language.json``), read generically: a visitor's words -> its sentence.
 
-Guarantees:
-- it never refuses: text in which no object is found gives None (the caller sends it as typed);
-  words it cannot read are skipped (the page's vocabulary line names them);
-- any letter case, hyphens or not, commas, "and", lead-ins and a full stop read the same;
-- an attribute the text names is never changed; every attribute it leaves out is drawn from the
-  seed, from the declared values under the declared rules (the training scenes' distribution);
-- the same text and seed always give the same sentence. No model names, no torch: only the file.
+It never refuses: text with no object gives None (the prompt goes as typed); unreadable words are skipped.
+Case, hyphens, commas, "and", lead-ins and a full stop never change the reading. An attribute the text
+names is never changed; one it leaves out is drawn from the seed under the declared rules. The same text
+and seed always give the same sentence. No model names, no torch: only the file.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """A model's style adapters on its loaded pipeline, swapped in place so a compiled graph stays valid.
 
-diffusers' hotswap (on PEFT): ``enable_lora_hotswap(target_rank=R)`` before the first adapter is
-loaded and before the transformer compiles pads every adapter to rank R and turns its scalings
-into tensors; ``load_lora_weights(..., adapter_name=ADAPTER, hotswap=True)`` then copies another
-adapter's weights into the same tensors. The graph sees the same modules, shapes and dtypes, so
-nothing recompiles (tests/test_styles.py counts it) and the eager modes use the same path.
-
-One adapter slot, always present from the load on: no style is the widest adapter with its
-``lora_B`` weights zero (its output adds exactly 0), and a style's scale is folded into its
-``lora_B`` weights, so a change of scale is a hot swap too (a scaling set through
-``set_adapters`` becomes a Python float again, which a compiled graph guards on).
+One adapter slot, present from the load on (``enable_lora_hotswap`` before anything compiles). Every
+switch, to no style or to another strength included, is a hot swap into the same tensors, so nothing
+recompiles and the eager modes take the same path. A strength is folded into ``lora_B``, never set
+through ``set_adapters``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A loaded model's prompt upsampler: the typed prompt and an image's seed -> what the pipeline is given.
 
-Built from the catalog's ``PromptUpsamplerSpec`` (no model names here):
-- ``language``: the model's declared language (``models/prompt_language.py``); pure Python,
-  well under a millisecond, and the sentence fits the model's static text length (no new graph);
-- ``pipeline``: the pipeline's own ``upsample_prompt`` (diffusers' FLUX.2: its text encoder
-  generates the new prompt), sampled under ``torch.manual_seed(seed)`` in a forked RNG, so the
-  same seed writes the same prompt, on every rank of a tensor-parallel group alike.
-``rewrite`` returns None when the prompt goes to the model as typed.
+Built from the catalog's ``PromptUpsamplerSpec``; no model names here. ``language`` is pure Python and
+fits the model's static text length, so it never makes a new graph; ``pipeline`` samples the pipeline's
+own ``upsample_prompt`` under the image's seed in a forked RNG, so a seed writes the same prompt on every
+rank. ``rewrite`` returns None when the prompt goes to the model as typed.
 """
 
 from __future__ import annotations
