@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tpu_demo.device import execution_mode, synchronize
     from tpu_demo.launch.config import parse_config
     from tpu_demo.launch.serve import build_app, launch
-    from tpu_demo.web.gradio_queue import set_queue_polling
+    from tpu_demo.web.gradio_internals import set_queue_polling
 
     port = free_port()
     flags = ["--port", str(port), "--cache-dir", cache_dir, "--model", args.model, "--models", args.model,

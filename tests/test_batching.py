@@ -211,7 +211,6 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
     from gradio_client.utils import QueueError
 
     from support import GOOD, pixels, wait_until
-    from tpu_demo.web import gradio_queue
 
     max_queue, per_ip = 6, 3
     app, url = launch_app("--model", "tiny-flux", "--models", "tiny-flux", "--buckets", "64x64", "--mode", "eager",
@@ -229,13 +228,13 @@ def test_sixteen_clients_three_requests_limits_and_log_hold_with_batching(launch
 
     def watch():
         while not watching.is_set():
-            events = app.ui.device_view(gradio_queue.pending_events(app.demo, "generate"), "generate")
+            events = list(app.ui.runs)  # the registry of admitted runs the limits count
             waiting = sum(not e.running for e in events)
             peak["waiting"] = max(peak["waiting"], waiting)
-            peak["running"] = max(peak["running"], app.ui.supervisor.active())
+            peak["running"] = max(peak["running"], app.ui.runs.active())
             sessions, hosts = {}, {}
             for e in events:
-                sessions[e.session_hash] = sessions.get(e.session_hash, 0) + 1
+                sessions[e.session] = sessions.get(e.session, 0) + 1
                 hosts[e.client_host] = hosts.get(e.client_host, 0) + 1
             if waiting > max_queue or max(sessions.values(), default=0) > 1 or max(hosts.values(), default=0) > per_ip:
                 violations.append((waiting, sessions, hosts))

@@ -178,8 +178,6 @@ def test_four_concurrent_calls_at_max_per_ip_1_one_runs_three_are_refused(launch
 def test_the_limit_counts_the_callers_real_address_not_the_loopback(launch_app):
     """Through a trusted proxy (X-Forwarded-For from loopback, uvicorn's default): the run is held by
     10.0.0.1, not by 127.0.0.1, so 10.0.0.2 is served beside it and 10.0.0.1 again is refused."""
-    from tpu_demo.web import gradio_queue
-    from tpu_demo.web.page import GUARDED_APIS
 
     app, url = launch_app("--no-warmup", "--max-per-ip", "1")
     _, hook = slow_steps(app, 0.3)
@@ -192,8 +190,8 @@ def test_the_limit_counts_the_callers_real_address_not_the_loopback(launch_app):
     with hook:
         thread = threading.Thread(target=first)
         thread.start()
-        wait_until(lambda: any(e.running for e in gradio_queue.pending_events(app.demo, GUARDED_APIS)), 60)
-        hosts = {e.client_host for e in gradio_queue.pending_events(app.demo, GUARDED_APIS)}
+        wait_until(lambda: any(run.running for run in app.ui.runs), 60)
+        hosts = {run.client_host for run in app.ui.runs}
         assert hosts == {"10.0.0.1"}, hosts
         again = call(url, "generate_images", dict(FAST, prompt="a blue square"), headers={"X-Forwarded-For": "10.0.0.1"})
         other = call(url, "generate_images", dict(FAST, prompt="a blue square"), headers={"X-Forwarded-For": "10.0.0.2"})
@@ -241,8 +239,10 @@ def test_an_mcp_run_is_not_stopped_by_a_stranger_but_by_its_client_going_away(la
         thread = threading.Thread(target=run, args=("kept", dict(FAST, prompt="a red circle", num_images=2)))
         thread.start()
         wait_until(lambda: len(steps) >= 1, 60)
-        loopback = app.demo.mcp_server_obj._client_instance  # the MCP loopback's shared session, as if leaked
-        httpx.post(url + "gradio_api/run/stop", json={"data": [], "session_hash": loopback.session_hash})
+        # a stranger's Stop, with a session and an owner cookie of its own: an MCP call is nobody's session
+        stranger = httpx.Client(base_url=url)
+        stranger.get("config")  # the server issues its owner cookie
+        stranger.post("gradio_api/run/stop", json={"data": [], "session_hash": "mcp"})
         thread.join(120)
         assert not results["kept"].isError and len(png_urls(text_of(results["kept"]))) == 2
 
@@ -260,7 +260,7 @@ def test_an_mcp_run_is_not_stopped_by_a_stranger_but_by_its_client_going_away(la
 
 def test_argument_problem_names_the_argument_a_schema_refuses():
     """The guard's check on its own, on a schema of the shapes Gradio writes (``int | None`` as oneOf)."""
-    from tpu_demo.web.mcp_guard import argument_problem
+    from tpu_demo.web.guard import argument_problem
 
     schema = {"type": "object", "required": ["prompt"],
               "properties": {"prompt": {"type": "string"}, "seed": {"type": "integer"},
@@ -317,22 +317,28 @@ def test_notifications_cancelled_stops_only_the_call_it_names(launch_app, reques
 
 
 def test_a_cancel_is_tied_to_one_running_call_of_that_address_or_to_none():
-    """McpCalls' table behind ``notifications/cancelled``: the id names a call only at the address that
+    """The run registry behind ``notifications/cancelled``: the id names a call only at the address that
     runs it; two calls of one address with the same id (two clients behind one NAT, each counting from
     1) make the cancel ambiguous, so it stops neither; when one ends, the other is named again."""
-    from tpu_demo.web.mcp_guard import McpCalls
+    import json
 
-    calls = McpCalls()
-    calls.running("10.0.0.1", 1, "mcp:a")
-    assert calls.running_key("10.0.0.1", 1) == "mcp:a"
-    assert calls.running_key("10.0.0.2", 1) is None and calls.running_key("10.0.0.1", 2) is None
-    assert calls.running_key("10.0.0.1", "1") is None  # JSON-RPC ids keep their type
-    calls.running("10.0.0.1", 1, "mcp:b")
-    assert calls.running_key("10.0.0.1", 1) is None
-    calls.finished("10.0.0.1", 1, "mcp:a")
-    assert calls.running_key("10.0.0.1", 1) == "mcp:b"
-    calls.finished("10.0.0.1", 1, "mcp:b")
-    assert calls.running_key("10.0.0.1", 1) is None
+    from tpu_demo.web.runs import Runs
+
+    runs = Runs()
+
+    def call(host: str) -> object:
+        run = runs.admit(None, None, host)
+        run.mcp_call = (host, json.dumps(1))
+        return run
+
+    a = call("10.0.0.1")
+    assert not runs.stop_mcp_call("10.0.0.2", json.dumps(1)) and not runs.stop_mcp_call("10.0.0.1", json.dumps(2))
+    assert not runs.stop_mcp_call("10.0.0.1", json.dumps("1"))  # JSON-RPC ids keep their type
+    assert not a.stop_flag.is_set()
+    b = call("10.0.0.1")
+    assert not runs.stop_mcp_call("10.0.0.1", json.dumps(1)) and not a.stop_flag.is_set() and not b.stop_flag.is_set()
+    runs.drop_unclaimed(a.ticket)
+    assert runs.stop_mcp_call("10.0.0.1", json.dumps(1)) and b.stop_flag.is_set()
 
 
 def test_generate_takes_upsample_prompt_and_says_what_each_image_was_drawn_as(launch_app):

@@ -8,7 +8,7 @@ import httpx
 
 from tpu_demo.core.events import BucketState, BucketStatus, ShapeKey
 from tpu_demo.web.readiness import bucket_readiness
-from tpu_demo.web.supervision import StopReason
+from tpu_demo.web.runs import StopReason
 
 BUCKETS = ("64x64", "96x64", "128x128")
 
@@ -67,7 +67,7 @@ def test_ready_only_once_every_configured_bucket_is_warm_while_health_stays_200(
     health = httpx.get(url + "health").json()
     assert health["ready_reason"] == after.json()["reason"] and set(health["models_loaded"]) == {"tiny-sd3"}
     assert not [b for b in health["buckets"] if b["model"] == "tiny-flux" and b["state"] == "warm"]
-    app.ui.supervisor.stop_all(StopReason.SHUTDOWN)  # what the SIGTERM handler calls first
+    app.ui.runs.stop_all(StopReason.SHUTDOWN)  # what the SIGTERM handler calls first
     drained = httpx.get(url + "ready")
     assert drained.status_code == 503 and drained.json()["reason"] == "shutting down"
     assert httpx.get(url + "health").json()["ready"] is False and httpx.get(url + "health").status_code == 200

@@ -12,8 +12,7 @@ from PIL import Image
 from tpu_demo.core import pngmeta
 from tpu_demo.core.events import ImageResult
 from tpu_demo.core.request import RequestError, RequestLimits, validate_request
-from tpu_demo.web.admission import AdmissionLimits, WarmupThrottle, arity_error, busy_reason
-from tpu_demo.web.gradio_queue import EventInputs, QueuedEvent
+from tpu_demo.web.admission import AdmissionLimits, EventInputs, QueuedEvent, WarmupThrottle, arity_error, busy_reason
 from tpu_demo.web.health import health_payload
 from tpu_demo.web.readiness import Readiness
 from tpu_demo.web.request_log import RequestRecord
@@ -145,7 +144,7 @@ def test_png_settings_are_read_from_chunk_headers_within_bounds(tmp_path):
     assert pngmeta.read_settings_file(_crafted_png(tmp_path / "plain.png", 64, 64)) is None
 
 
-def test_stop_flags_are_per_session_and_bounded(make_engine):
+def test_stop_reaches_only_the_owners_oldest_run(make_engine):
     from types import SimpleNamespace
 
     from tpu_demo.core.modes import ExecutionMode
@@ -153,22 +152,20 @@ def test_stop_flags_are_per_session_and_bounded(make_engine):
 
     ui = web_handlers.PageHandlers(make_engine(), web_handlers.UiSettings("tiny-flux", ExecutionMode.EAGER,
                                                                           RequestLimits()))
-    anonymous = [ui.armed_stop(None) for _ in range(2)]
-    assert anonymous[0] is not anonymous[1] and not ui._stops  # callers without a session share nothing
+    runs = ui.runs
+    anonymous = [runs.admit(None, None, "10.0.0.1") for _ in range(2)]
     ui.stop(None)
-    assert not any(flag.is_set() for flag in anonymous)
+    assert not any(run.stop_flag.is_set() for run in anonymous)  # callers without a session share nothing
     owner, other = "o" * 32, "x" * 32  # the server-issued owner secrets (web/callers.py) of two clients
 
     def caller(session: str, secret: str | None = owner) -> SimpleNamespace:
         return SimpleNamespace(session_hash=session, headers={"cookie": f"tpu_demo_owner={secret}"} if secret else {})
 
-    mine = ui.armed_stop(caller("mine"))
+    mine = runs.admit("mine", f"{owner}/mine", "10.0.0.2")
+    later = runs.admit("mine", f"{owner}/mine", "10.0.0.2") if runs.limits.max_per_session > 1 else None
     ui.stop(caller("someone-else"))
-    ui.stop(caller("mine", other))  # the same session hash from another client: its own flag, not mine
+    ui.stop(caller("mine", other))  # the same session hash from another client: its own runs, not mine
     ui.stop(caller("mine", None))  # or from a caller without the secret
-    assert not mine.is_set()
+    assert not mine.stop_flag.is_set()
     ui.stop(caller("mine"))
-    assert mine.is_set()
-    for index in range(web_handlers.MAX_ARMED_SESSIONS + 50):
-        ui.arm_stop_and_pick_seed(1, False, caller(f"flood-{index}"))
-    assert len(ui._stops) == web_handlers.MAX_ARMED_SESSIONS
+    assert mine.stop_flag.is_set() and (later is None or not later.stop_flag.is_set())

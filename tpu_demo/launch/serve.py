@@ -9,11 +9,10 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from tpu_demo.web import gradio_queue
-from tpu_demo.web.admission import AdmissionGate, AdmissionLimits, AdmissionMiddleware, CancelRelay
-from tpu_demo.web.callers import OwnerCookie
-from tpu_demo.web.mcp_guard import McpGuard
-from tpu_demo.web.mcp_tools import DEVICE_TOOLS, TOOLS
+from tpu_demo.web import gradio_internals
+from tpu_demo.web.admission import AdmissionLimits
+from tpu_demo.web.guard import Guard, event_table
+from tpu_demo.web.mcp_tools import TOOLS
 from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
@@ -27,10 +26,10 @@ from tpu_demo.distributed.lockstep import Lockstep
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestLimits
 from tpu_demo.web.shutdown import stop_on_sigterm
-from tpu_demo.web.supervision import RequestSupervisor, SupervisionSettings
+from tpu_demo.web.runs import Runs, SupervisionSettings
 from tpu_demo.web.handlers import PageHandlers, UiSettings
 from tpu_demo.web.history import SessionHistory
-from tpu_demo.web.page import GENERATION_APIS, GUARDED_APIS, build_page, launch_kwargs
+from tpu_demo.web.page import GUARDED_APIS, build_page, launch_kwargs
 
 log = logging.getLogger("tpu_demo")
 
@@ -116,18 +115,19 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
     settings = UiSettings(start_model=first, start_mode=config.start_mode, limits=RequestLimits(
         max_prompt_chars=config.max_prompt_chars, max_images=config.max_images, offered_models=models,
         offered_modes=tuple(ExecutionMode)), generate_concurrency=generate_concurrency(engine.max_batch))
-    supervisor = RequestSupervisor(SupervisionSettings(request_timeout=config.request_timeout or None,
-                                                       log_prompts=config.log_prompts))
-    ui = PageHandlers(engine, settings, supervisor)
+    runs = Runs(AdmissionLimits(max_waiting=config.max_queue, max_per_session=config.max_per_session,
+                                max_per_ip=config.max_per_ip),
+                SupervisionSettings(request_timeout=config.request_timeout or None, log_prompts=config.log_prompts))
+    ui = PageHandlers(engine, settings, runs)
     history = SessionHistory()
     demo = build_page(ui, history)
-    # the queue's bound is applied per endpoint by AdmissionMiddleware: Gradio's own max_size would refuse Stop too.
+    # the queue's bound is the guard's (web/guard.py): Gradio's own max_size would refuse Stop too.
     # api_open=False closes POST /run/<api> and /api/<api> of queued events, which would call the handler
-    # beside the queue (no concurrency limit, no admission): generations are reached through the queue only.
-    gradio_queue.limit_queue_analytics()
+    # beside the queue: the page's generations are reached through the queue only.
+    gradio_internals.limit_queue_analytics()
     demo.queue(max_size=None, default_concurrency_limit=1, api_open=False)
-    if not gradio_queue.set_queue_polling(demo, config.queue_poll_seconds):
-        log.warning("this Gradio's queue has no polling interval to set; it polls at its own rate")
+    gradio_internals.check_gradio_internals(demo)  # stops here, naming it, if an upgrade removed one
+    gradio_internals.set_queue_polling(demo, config.queue_poll_seconds)
     warm_all = None
     if not config.no_warmup and config.warm == "all":
         # every model in every mode the page offers (Compare modes runs all three), the start model and mode last
@@ -137,7 +137,7 @@ def build_app(config: AppConfig, lockstep: Lockstep | None = None) -> App:
         engine.warmup_in_background(first, config.start_mode)
     log.info("serving %s on %s; models: %s", first, device.badge, ", ".join(models))
     readiness = ReadinessCheck(engine, first, config.start_mode, warmup=not config.no_warmup,
-                               draining=lambda: supervisor.shutting_down, warm_all=warm_all)
+                               draining=lambda: runs.shutting_down, warm_all=warm_all)
     return App(config, engine, ui, demo, readiness, history, warm_all)
 
 
@@ -149,51 +149,25 @@ def launch(app: App, **kwargs) -> None:
 
 
 def hardening_app_kwargs(app: App) -> dict:
-    """The health and readiness routes, the owner cookie, the MCP guard and the per-client admission
-    check, handed to Gradio's FastAPI app (the first middleware listed sees a request first)."""
-    limits = AdmissionLimits(max_waiting=app.config.max_queue, max_per_session=app.config.max_per_session,
-                             max_per_ip=app.config.max_per_ip)
-    # one gate for every door: the page and API through the queue, MCP tool calls before their loopback
-    gate = AdmissionGate(limits, current_events=lambda: guarded_events(app))
+    """The health and readiness routes and the one guard in front of every other route, handed to
+    Gradio's FastAPI app."""
+    table: list = []
+
+    def events() -> tuple:  # the page's handlers, read once from its public config
+        if not table:
+            table.append(event_table(app.demo))
+        return table[0]
+
     return {
-        # waiting = in Gradio's queue, or in a running handler that has not reached the device yet
-        "routes": health_routes(app.engine, lambda: waiting_requests(app),
-                                app.ui.supervisor.active,
-                                app.readiness,
+        "routes": health_routes(app.engine, app.ui.runs.waiting, app.ui.runs.active, app.readiness,
                                 lambda: app.warm_all.summary() if app.warm_all is not None else None),
-        "middleware": [Middleware(McpGuard, gate=gate, tools=TOOLS, guarded_tools=DEVICE_TOOLS,
-                                  on_gone=app.ui.stop_caller, input_schema=lambda tool: mcp_input_schema(app, tool)),
-                       Middleware(OwnerCookie),
-                       Middleware(AdmissionMiddleware, gate=gate, api_names=GUARDED_APIS,
-                                  fn_ids=lambda: gradio_queue.fn_ids(app.demo, GUARDED_APIS),
-                                  event_inputs=lambda fn_index, api_name: gradio_queue.event_inputs(
-                                      app.demo, fn_index, api_name)),
-                       Middleware(CancelRelay, on_cancel=app.ui.supervisor.cancel)],
+        "middleware": [Middleware(Guard, runs=app.ui.runs, guarded=GUARDED_APIS, events=events, tools=TOOLS,
+                                  input_schema=lambda tool: gradio_internals.mcp_input_schema(app.demo, tool))],
     }
-
-
-def mcp_input_schema(app: App, tool: str) -> dict | None:
-    """The ``inputSchema`` Gradio's MCP server lists for ``tool`` (None without the MCP server or the tool)."""
-    server = getattr(app.demo, "mcp_server_obj", None)
-    try:
-        return server.get_input_schema(tool)[0] if server is not None else None
-    except ValueError:  # a tool Gradio does not serve: its own answer stands
-        return None
-
-
-def guarded_events(app: App) -> list[gradio_queue.QueuedEvent]:
-    """The queue's generations and comparisons; a generation is ``running`` once on the device
-    (several generate handlers run at once, and a running one may still wait for the device)."""
-    return app.ui.device_view(gradio_queue.pending_events(app.demo, GUARDED_APIS), GENERATION_APIS)
-
-
-def waiting_requests(app: App) -> int:
-    """Generations not yet on the device: in Gradio's queue or in a handler still waiting for the device."""
-    return sum(1 for event in guarded_events(app) if not event.running)
 
 
 def serve(config: AppConfig) -> None:
     """Serve one process until SIGTERM or Ctrl-C."""
     app = build_app(config)
-    with stop_on_sigterm(app.ui.supervisor, app.engine):
+    with stop_on_sigterm(app.ui.runs, app.engine):
         launch(app)

@@ -9,7 +9,7 @@ this module validates the inputs, supervises the run like Generate, and renders 
 from __future__ import annotations
 
 import html
-from dataclasses import replace
+import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
 import gradio as gr
@@ -17,9 +17,7 @@ import gradio as gr
 from tpu_demo.core.comparison import ComparePhase, Comparison, ModeRun
 from tpu_demo.core.events import ImageResult, Stopped
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import RequestError, validate_request
-from tpu_demo.web.gradio_queue import CurrentEvent
-from tpu_demo.web.handlers import user_error
+from tpu_demo.core.request import validate_request
 from tpu_demo.web.outputs import RequestFiles
 
 if TYPE_CHECKING:
@@ -72,52 +70,40 @@ def summary_html(comparison: Comparison) -> str:
 
 
 class CompareHandler:
-    """The Compare button and ``/compare_modes``: shares the page's Stop flags and request supervision."""
+    """The Compare button and ``/compare_modes``: runs like Generate's (the page's ``Runs``)."""
 
     def __init__(self, page: "PageHandlers"):
         self.page = page
+        #: one comparison at a time, whichever door (its timings interleave the modes; another would skew them)
+        self._one_at_a_time = threading.Lock()
 
     def compare_modes(self, request: gr.Request = None, progress: gr.Progress = gr.Progress(),
                       **inputs: Any) -> Iterator[tuple[list, str, dict | None]]:
         """Stream (images so far, summary HTML, figures as JSON) for the named inputs ``COMPARE_INPUTS``;
         the last update holds every mode."""
-        queued = CurrentEvent.capture()
-        try:
-            generation = validate_request(dict(inputs, mode=ExecutionMode.EAGER.value, num_images=1,
-                                               previews=False), self.page.settings.limits)
-        except RequestError as error:
-            self.page.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
-            raise user_error(str(error), "Invalid input") from None
-        stop = self.page.armed_stop(request)
-        run = self.page.supervisor.begin(replace(generation, num_images=len(ExecutionMode)), stop, queued.event_id,
-                                         queued.queue_wait_seconds, queued.connected)
+        runs = self.page.runs
+        generation = runs.checked(request, lambda: validate_request(dict(
+            inputs, mode=ExecutionMode.EAGER.value, num_images=1, previews=False), self.page.settings.limits))
+        events = runs.supervise(request, generation, self.page.engine.compare_modes, "Comparison failed",
+                                images=len(ExecutionMode))
         files = RequestFiles()
         gallery: list[tuple[str, str]] = []
         progress(0, desc="waiting for the device")
         try:
-            for event in self.page.engine.compare_modes(generation, stop):
-                run.observe(event)
-                if isinstance(event, ComparePhase):
-                    progress(len(gallery) / len(ExecutionMode), desc=event.text)
-                elif isinstance(event, ImageResult):
-                    title = ExecutionMode(event.parameters["mode"]).title
-                    gallery.append((files.save(event.image, event.parameters["mode"]), f"{title} (timing others...)"))
-                    yield list(gallery), gr.skip(), gr.skip()
-                elif isinstance(event, Stopped):
-                    # like Generate: the finished modes stay on the page, and the caller is told how many
-                    # of the three were finished (never a success with a short comparison)
-                    run.stopped(event)
-                    yield list(gallery), EMPTY_SUMMARY, None
-                    raise user_error(run.stop_message(event, len(ExecutionMode)), "Stopped")
-                elif isinstance(event, Comparison):
-                    final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
-                    yield final, summary_html(event), event.as_dict()
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
-            run.failed(str(error))
-            raise user_error(str(error), "Comparison failed") from None
+            with self._one_at_a_time:
+                for event in events:
+                    if isinstance(event, ComparePhase):
+                        progress(len(gallery) / len(ExecutionMode), desc=event.text)
+                    elif isinstance(event, ImageResult):
+                        title = ExecutionMode(event.parameters["mode"]).title
+                        gallery.append((files.save(event.image, event.parameters["mode"]), f"{title} (timing others...)"))
+                        yield list(gallery), gr.skip(), gr.skip()
+                    elif isinstance(event, Stopped):
+                        # like Generate: the finished modes stay on the page, and the run's next step raises
+                        # the error saying how many of the three were finished
+                        yield list(gallery), EMPTY_SUMMARY, None
+                    elif isinstance(event, Comparison):
+                        final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
+                        yield final, summary_html(event), event.as_dict()
         finally:
-            run.close()
-            self.page.release_stop(request, stop)
             files.remove()

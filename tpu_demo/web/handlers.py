@@ -10,16 +10,14 @@ from __future__ import annotations
 import html
 import random
 import re
-import threading
-from dataclasses import dataclass, replace
-from typing import Any, Collection, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import gradio as gr
 
 from tpu_demo.core.catalog import ASSETS_DIR, ModelSpec
 from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.events import BucketState, Compiling, ImageResult, Loading, StepProgress, Stopped
-from tpu_demo.web.gradio_queue import CurrentEvent, QueuedEvent
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.core.vocabulary import load_vocabulary, vocabulary_note
@@ -27,12 +25,11 @@ from tpu_demo.web.admission import WarmupThrottle
 from tpu_demo.web.callers import request_headers, stop_key
 from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html, user_error
 from tpu_demo.web.restore import SettingsRestore
-from tpu_demo.web.stop_flags import MAX_ARMED_SESSIONS, SessionStops
+from tpu_demo.web.runs import Runs
 from tpu_demo.web.styles import caption_part, style_updates
-from tpu_demo.web.supervision import RequestSupervisor
 
 
-__all__ = ["MAX_ARMED_SESSIONS", "PageHandlers", "UiSettings", "user_error"]
+__all__ = ["PageHandlers", "UiSettings", "user_error"]
 
 
 @dataclass(frozen=True)
@@ -115,18 +112,14 @@ def upsample_update(spec: ModelSpec, value: bool | None = None) -> Any:
 
 
 class PageHandlers:
-    """The handlers of one page around one engine; holds each session's Stop flag."""
+    """The handlers of one page around one engine; their runs live in ``runs`` (web/runs.py)."""
 
-    def __init__(self, engine: EngineAPI, settings: UiSettings, supervisor: RequestSupervisor | None = None,
+    def __init__(self, engine: EngineAPI, settings: UiSettings, runs: Runs | None = None,
                  warmup_throttle: WarmupThrottle | None = None):
         self.engine = engine
         self.settings = settings
-        self.supervisor = supervisor or RequestSupervisor()
+        self.runs = runs or Runs()
         self.warmup_throttle = warmup_throttle or WarmupThrottle()
-        self._stops = SessionStops()
-        #: queue events whose request has reached the device (the engine sent its first event)
-        self._reached: set[str] = set()
-        self._reached_lock = threading.Lock()
         #: "Reuse settings" and a dropped PNG (web/restore.py)
         self.restore = SettingsRestore(settings.limits, settings.start_model, self._checked, self._model_controls,
                                        lambda spec, style, scale: style_updates(engine, spec, style, scale))
@@ -141,26 +134,14 @@ class PageHandlers:
         preview as inline HTML; a finished image clears the preview. Values are yielded as Gradio
         sends them (the event has ``postprocess=False``; see web/outputs.py).
         """
-        queued = CurrentEvent.capture()
-        try:
-            generation = validate_request(inputs, self.settings.limits)
-        except RequestError as error:
-            self.supervisor.reject(error, queued.event_id, queued.queue_wait_seconds)
-            raise user_error(str(error), "Invalid input") from None
-        stop = self.armed_stop(request)
-        run = self.supervisor.begin(generation, stop, queued.event_id, queued.queue_wait_seconds, queued.connected)
+        generation = self.runs.checked(request, lambda: validate_request(inputs, self.settings.limits))
+        events = self.runs.supervise(request, generation, self.engine.generate, "Generation failed")
         files = RequestFiles()
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
-        reached_device = False
         try:
-            for event in self.engine.generate(generation, stop):
-                if not reached_device and queued.event_id:
-                    reached_device = True
-                    with self._reached_lock:
-                        self._reached.add(queued.event_id)
-                run.observe(event)
+            for event in events:
                 if isinstance(event, Loading):
                     progress(0, desc=event.text)
                 elif isinstance(event, Compiling):
@@ -176,43 +157,16 @@ class PageHandlers:
                     gallery.append((files.save(event.image, f"seed{event.seed}"), _caption(event)))
                     yield gallery_data(gallery), NO_PREVIEW
                 elif isinstance(event, Stopped):
-                    # never a success with a short gallery: the images streamed so far stay on the
-                    # page, and every caller is told how many of its images were finished
-                    run.stopped(event)
+                    # never a success with a short gallery: the images streamed so far stay on the page,
+                    # and the run's next step raises the error saying how many were finished
                     yield gallery_data(gallery), NO_PREVIEW
-                    raise user_error(run.stop_message(event, total), "Stopped")
-        except gr.Error:
-            raise
-        except Exception as error:  # noqa: BLE001 - EngineError carries a user-safe message
-            run.failed(str(error))
-            raise user_error(str(error), "Generation failed") from None
         finally:
-            run.close()
-            self.release_stop(request, stop)
             files.remove()
 
-    def device_view(self, events: Iterable[QueuedEvent], api_name: str | Collection[str]) -> list[QueuedEvent]:
-        """The queue's events, those of the generate endpoints ``api_name`` ``running`` only once on the device.
-
-        Several generate handlers run at once and a running one may still wait for the device; the
-        queue bound counts it as waiting, as before handlers overlapped. An event counts as on the
-        device from its request's first engine event until Gradio lets it go.
-        """
-        events = list(events)
-        with self._reached_lock:
-            self._reached &= {e.event_id for e in events if e.running and e.event_id}  # forget events that ended
-            names = {api_name} if isinstance(api_name, str) else set(api_name)
-            return [replace(e, running=e.running and e.event_id in self._reached) if e.api_name in names else e
-                    for e in events]
-
     def stop(self, request: gr.Request = None) -> None:
-        """Stop this session's running generation at its next denoising step (only the caller holding
-        the session's owner secret reaches it)."""
-        self._stops.stop(self._session(request))
-
-    def stop_caller(self, key: str) -> None:
-        """Stop the run of caller ``key`` (``callers.stop_key``): an MCP call whose client went away."""
-        self._stops.stop(key)
+        """Stop this session's oldest run at its next denoising step (only the caller holding the
+        session's owner secret reaches it)."""
+        self.runs.stop_owner(stop_key(getattr(request, "session_hash", None), request_headers(request)))
 
     def switch_model(self, model_id: Any, mode: Any, request: gr.Request = None):
         """A user picked another model: its defaults, and warm it in the background (see _warm)."""
@@ -282,16 +236,6 @@ class PageHandlers:
                      f"\u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
 
-    def arm_stop_and_pick_seed(self, seed: Any, randomize: Any, request: gr.Request = None) -> int:
-        """Runs at the click, before the queue: arm this session's Stop flag, then pick the seed.
-
-        Stop only sets that flag (no Gradio cancel, which would kill the handler before it can
-        say "Stopped"): a running request ends at its next step with a message, a queued one
-        ends as soon as it starts.
-        """
-        self._new_stop(request)
-        return self.pick_seed(seed, randomize)
-
     @staticmethod
     def pick_seed(seed: Any, randomize: Any) -> int:
         """A random seed, else ``seed`` if it is a valid one (Generate checks it again), else 0."""
@@ -304,22 +248,6 @@ class PageHandlers:
         return value if 0 <= value <= MAX_SEED else 0
 
     # ---- helpers --------------------------------------------------------------------------
-    @staticmethod
-    def _session(request: gr.Request | None) -> str | None:
-        """Whose Stop flag this is (web/callers.py: owner secret and session, or the MCP call); None for a
-        caller that proved nothing (it gets a flag nobody else holds)."""
-        return stop_key(getattr(request, "session_hash", None), request_headers(request))
-
-    def _new_stop(self, request: gr.Request | None) -> threading.Event:
-        return self._stops.arm(self._session(request))
-
-    def armed_stop(self, request: gr.Request | None) -> threading.Event:
-        """The flag armed at the click, else a fresh one (API calls arm none); held until ``release_stop``."""
-        return self._stops.take(self._session(request))
-
-    def release_stop(self, request: gr.Request | None, event: threading.Event) -> None:
-        self._stops.release(self._session(request), event)
-
     @staticmethod
     def resolution_choices(spec: ModelSpec) -> list[tuple[str, str]]:
         return [(bucket.label, str(bucket)) for bucket in spec.buckets]

@@ -3,11 +3,10 @@ compare modes, list models.
 
 Each tool is a plain function whose docstring Gradio turns into the tool's description and argument
 schema, so the docstrings are written for this server (its models, buckets, ranges and defaults) when
-the page is built. The device tools run the page's own handlers (validation naming the field,
-supervision, the one log line, Stop flags) under the same queue and concurrency ids, and answer with
-text: what ran, then each image's URL (a PNG carrying its settings) and the link that reproduces it.
-One output of text on purpose: Gradio 6.31's MCP server turns several outputs, or a generator's, into
-one string unless the client asked for progress, so a tool here returns exactly one value.
+the page is built. The device tools run in-process with the caller's own request (unqueued: the
+guard admitted them) through the page's own handlers (validation naming the field, the run registry,
+the one log line), and answer with one text: what ran, then each image's URL (a PNG carrying its
+settings) and the link that reproduces it.
 """
 
 from __future__ import annotations
@@ -36,25 +35,28 @@ DEVICE_TOOLS = (GENERATE_TOOL, COMPARE_TOOL)
 #: the tools' arguments whose None (their default) means "the chosen model's default"
 LEFT_OUT_WHEN_NULL = frozenset({"resolution", "num_inference_steps", "guidance_scale", "style", "style_scale",
                                 "upsample_prompt"})
-#: every tool the MCP door answers (mcp_guard.py refuses a call to any other endpoint)
+#: every tool the MCP door answers (the guard refuses a call to any other endpoint)
 TOOLS = (*DEVICE_TOOLS, MODELS_TOOL)
 
 
-def hide_from_mcp(*handlers: Callable) -> None:
-    """Keep public API endpoints out of the MCP tool list: Gradio 6.31 lists a public endpoint as a tool
-    unless its function's ``_mcp_type`` (what ``gr.mcp.tool`` / ``resource`` / ``prompt`` set) says it is
-    something else. (The page's /generate streams a gallery and previews: as a tool Gradio would answer
-    with one string of them.) ``McpGuard`` refuses calls to them as well."""
-    for handler in handlers:
-        getattr(handler, "__func__", handler)._mcp_type = "page"
-
-
-def _root_url(request: gr.Request | None) -> str:
-    """This server as the caller reached it (its Host, or a proxy's X-Forwarded-Host / -Proto)."""
-    inner = getattr(request, "request", None)
-    if inner is None:
+def _root_url(request: Any) -> str:
+    """This server as the caller reached it (its Host, or a proxy's X-Forwarded-Host / -Proto); ``request``
+    is a ``gr.Request`` or, on Gradio's in-process MCP path, the caller's own Starlette request."""
+    inner = getattr(request, "request", None) or request
+    if inner is None or not hasattr(inner, "url"):
         return ""
     return route_utils.get_root_url(request=inner, route_path=inner.url.path, root_path=None)
+
+
+class ToolError(Exception):
+    """A tool's refusal or failure, its text the caller's message (``str(gr.Error)`` would quote it)."""
+
+
+def _plain_errors(tool: Callable[..., str], *args: Any) -> str:
+    try:
+        return tool(*args)
+    except gr.Error as error:
+        raise ToolError(error.message) from None
 
 
 class McpTools:
@@ -133,7 +135,7 @@ class McpTools:
                             seed: int = 0, num_images: int = 1, negative_prompt: str = "", style: str = NO_STYLE,
                             style_scale: float | None = None, upsample_prompt: bool | None = None,
                             request: gr.Request = None) -> str:
-            return self.generate(dict(prompt=prompt, model=model, mode=mode, resolution=resolution,
+            return _plain_errors(self.generate, dict(prompt=prompt, model=model, mode=mode, resolution=resolution,
                                       num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
                                       num_images=num_images, negative_prompt=negative_prompt, style=style,
                                       style_scale=style_scale, upsample_prompt=upsample_prompt), request)
@@ -143,7 +145,7 @@ class McpTools:
                                     seed: int = 0, negative_prompt: str = "", style: str = NO_STYLE,
                                     style_scale: float | None = None, upsample_prompt: bool | None = None,
                                     request: gr.Request = None) -> str:
-            return self.compare(dict(prompt=prompt, model=model, resolution=resolution,
+            return _plain_errors(self.compare, dict(prompt=prompt, model=model, resolution=resolution,
                                      num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
                                      negative_prompt=negative_prompt, style=style, style_scale=style_scale,
                                      upsample_prompt=upsample_prompt), request)

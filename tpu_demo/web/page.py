@@ -14,7 +14,8 @@ from tpu_demo.web.about import about_markdown
 from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
-from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools, hide_from_mcp
+from tpu_demo.web.gradio_internals import hide_from_mcp
+from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools
 from tpu_demo.web.outputs import NO_PREVIEW
 from tpu_demo.web.styles import style_controls, style_examples, style_updates
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
@@ -27,8 +28,6 @@ COMPARE_CONCURRENCY_ID = "compare"
 GENERATE_API = "generate"
 #: every endpoint that runs the device (the MCP tools' too): admission limits apply to them together
 GUARDED_APIS = (GENERATE_API, COMPARE_API, *DEVICE_TOOLS)
-#: the endpoints whose handlers may wait for the device after Gradio counts them running
-GENERATION_APIS = (GENERATE_API, GENERATE_TOOL)
 
 
 def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
@@ -134,7 +133,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                         guidance_scale=guidance, seed=seed, num_images=num_images, previews=previews,
                         negative_prompt=negative_prompt, style=style, style_scale=style_scale, upsample_prompt=upsample)
         generation = gr.on(
-            triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.arm_stop_and_pick_seed, inputs=[seed, randomize],
+            triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.pick_seed, inputs=[seed, randomize],
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs_kwargs={name: controls[name] for name in GENERATE_INPUTS},
@@ -147,7 +146,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         generation.success(history.after_generate, [gallery], [history_view], api_visibility="private", queue=False,
                            show_progress="hidden")
         comparison = compare_button.click(
-            handlers.arm_stop_and_pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
+            handlers.pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
             api_visibility="private",
         ).then(
             comparer.compare_modes, inputs_kwargs={name: controls[name] for name in COMPARE_INPUTS},
@@ -176,14 +175,12 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                                   header, details, upsample, negative_prompt, num_images, style,
                                                   style_scale, link_note, generate_this],
                   js=QUERY_JS, api_visibility="private", queue=False)
-        # the MCP tools (Gradio's MCP server serves every public endpoint as one): same queues as the page;
-        # the page's own endpoints stay in the API and are not tools
+        # the MCP tools (Gradio's MCP server serves every public endpoint as one), unqueued: Gradio calls
+        # them in-process with the caller's own request, after the guard admitted them; the page's own
+        # endpoints stay in the API and are not tools
         hide_from_mcp(handlers.generate, comparer.compare_modes, handlers.stop)
-        generate_tool, compare_tool, models_tool = McpTools(handlers, comparer, gallery).build()
-        gr.api(generate_tool, api_name=GENERATE_TOOL, concurrency_id=DEVICE_CONCURRENCY_ID,
-               concurrency_limit=settings.generate_concurrency)
-        gr.api(compare_tool, api_name=COMPARE_TOOL, concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1)
-        gr.api(models_tool, api_name=MODELS_TOOL, queue=False)
+        for tool, name in zip(McpTools(handlers, comparer, gallery).build(), (GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL)):
+            gr.api(tool, api_name=name, queue=False)
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details, upsample],
                     api_visibility="private", queue=False)
         model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],

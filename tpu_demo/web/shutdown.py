@@ -16,14 +16,14 @@ import time
 from typing import Iterator
 
 from tpu_demo.core.engine_api import EngineAPI
-from tpu_demo.web.supervision import RequestSupervisor, StopReason
+from tpu_demo.web.runs import Runs, StopReason
 
 
 log = logging.getLogger("tpu_demo")
 
 
 @contextlib.contextmanager
-def stop_on_sigterm(supervisor: RequestSupervisor, engine: EngineAPI, grace_seconds: float = 30.0) -> Iterator[None]:
+def stop_on_sigterm(runs: Runs, engine: EngineAPI, grace_seconds: float = 30.0) -> Iterator[None]:
     """Run the body (the blocking ``launch``) so that SIGTERM ends it cleanly."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
@@ -35,7 +35,7 @@ def stop_on_sigterm(supervisor: RequestSupervisor, engine: EngineAPI, grace_seco
             return
         received.set()
         log.info("SIGTERM: stopping the running request and closing the server")
-        supervisor.stop_all(StopReason.SHUTDOWN)
+        runs.stop_all(StopReason.SHUTDOWN)
         raise KeyboardInterrupt  # Gradio's launch() closes its server on this
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
@@ -47,17 +47,17 @@ def stop_on_sigterm(supervisor: RequestSupervisor, engine: EngineAPI, grace_seco
     finally:
         signal.signal(signal.SIGTERM, previous)
         if received.is_set():
-            idle = _wait_for_device(supervisor, engine, grace_seconds)
+            idle = _wait_for_device(runs, engine, grace_seconds)
             engine.close()
             log.info("shut down %s", "cleanly" if idle else f"with a request still running after {grace_seconds:g} s")
 
 
-def _wait_for_device(supervisor: RequestSupervisor, engine: EngineAPI, grace_seconds: float) -> bool:
+def _wait_for_device(runs: Runs, engine: EngineAPI, grace_seconds: float) -> bool:
     """Until every request has ended, or the device has been idle for a second (a handler whose
     server already stopped is never resumed to end its run), or ``grace_seconds`` pass."""
     deadline = time.monotonic() + grace_seconds
     idle_since: float | None = None
-    while supervisor.active() and time.monotonic() < deadline:
+    while runs.active() and time.monotonic() < deadline:
         if engine.status().busy:
             idle_since = None
         elif idle_since is None:

@@ -1,0 +1,390 @@
+"""The one door every HTTP request passes (an ASGI middleware in front of Gradio's app).
+
+Guarantees: each caller gets a server-issued owner cookie; an event call's body is at most 1 MiB and
+its ``data`` fits its handler (else 413 / 422 naming the input); device work (a page or API join, an
+MCP tool call, a tool's own route) reaches a handler only once ``Runs.admit`` admitted it, carrying
+the server-issued ``RUN_HEADER`` (a caller's own copy is removed), and past a limit gets Gradio's
+"busy" answer (HTTP 503, or an MCP tool error) naming the limit; a closed client stream, ``/cancel``
+and MCP's ``notifications/cancelled`` stop the runs they name and no other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Collection
+from urllib.parse import parse_qs
+
+from tpu_demo.web.admission import MAX_CALL_BODY, EventInputs, arity_error
+from tpu_demo.web.callers import OWNER_COOKIE, RUN_HEADER, owner_of, stop_key
+from tpu_demo.web.runs import Run, Runs, StopReason
+
+log = logging.getLogger("tpu_demo.requests")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_API = "/gradio_api/"
+#: where Gradio serves MCP over streamable HTTP; its legacy SSE transport (answered before a tool runs,
+#: so neither a refusal nor a cancel could reach the call) is closed
+MCP_ROUTES = ("mcp", "mcp/http")
+SSE_ROUTES = ("mcp/sse", "mcp/messages")
+_RUN_HEADER = RUN_HEADER.encode()
+
+
+@dataclass(frozen=True)
+class Route:
+    """A request as Gradio's HTTP API names it: ``kind`` of route, the api name or event id it names."""
+
+    kind: str  # join | call | call_stream | run | data | cancel | mcp | mcp_sse | other
+    name: str = ""
+
+
+def route_of(scope: Scope) -> Route:
+    """Which of Gradio's public routes ``scope`` is (under any root path a proxy adds)."""
+    path = scope.get("path", "").rstrip("/")
+    at = path.find(_API)
+    if at < 0:
+        return Route("other")
+    rest = path[at + len(_API):]
+    parts = rest.split("/")
+    if rest in MCP_ROUTES:
+        return Route("mcp")
+    if rest.startswith(SSE_ROUTES):
+        return Route("mcp_sse")
+    if rest == "queue/join":
+        return Route("join")
+    if rest == "queue/data":
+        return Route("data")
+    if rest == "cancel":
+        return Route("cancel")
+    if parts[0] == "call" and len(parts) >= 2:
+        named = parts[2:] if parts[1] == "v2" else parts[1:]
+        if len(named) == 1:
+            return Route("call", named[0])
+        if len(named) == 2:
+            return Route("call_stream", named[1])
+    if parts[0] in ("run", "api") and len(parts) == 2:
+        return Route("run", parts[1])
+    return Route("other")
+
+
+class Guard:
+    """ASGI middleware: the owner cookie, the body checks, admission of device work and the stop events.
+
+    ``guarded``: the api names that run the device (the page's and the MCP tools'); ``events()``: every
+    handler's inputs by ``fn_index`` and by api name; ``tools``: every MCP tool answered (a call to another
+    endpoint is refused); ``input_schema(tool)``: its argument schema as the MCP server lists it.
+    """
+
+    def __init__(self, app: Callable, runs: Runs, guarded: Collection[str],
+                 events: Callable[[], tuple[dict[int, EventInputs], dict[str, EventInputs]]],
+                 tools: Collection[str] = (), input_schema: Callable[[str], dict | None] = lambda tool: None):
+        self.app, self.runs, self.guarded = app, runs, frozenset(guarded)
+        self.events, self.tools, self.input_schema = events, tuple(tools), input_schema
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() != _RUN_HEADER])
+        send = _with_owner_cookie(scope, send)
+        route, method = route_of(scope), scope.get("method")
+        if route.kind == "mcp_sse":
+            await json_response(send, 404, {"detail": "this server's MCP transport is streamable HTTP at "
+                                                      "/gradio_api/mcp/ (the SSE transport is closed)"})
+        elif method == "POST" and route.kind in ("join", "call", "run"):
+            await self._event_call(route, scope, receive, send)
+        elif method == "POST" and route.kind == "mcp":
+            await self._mcp(scope, receive, send)
+        elif method == "POST" and route.kind == "cancel":
+            body, more = await read_body(receive)
+            event_id = None if more else json_field(body, "event_id")
+            if isinstance(event_id, str):
+                self.runs.stop_event(event_id)
+            await self.app(scope, replay_body(body, more, receive), send)
+        elif method == "GET" and route.kind == "data":
+            session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [""])[0]
+            await _watched(self.app, scope, receive, send, lambda: self.runs.session_gone(session))
+        elif method == "GET" and route.kind == "call_stream":
+            await _watched(self.app, scope, receive, send, lambda: self.runs.stop_event(route.name))
+        else:
+            await self.app(scope, receive, send)
+
+    # ---- page and API calls -------------------------------------------------------------------------
+    async def _event_call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        body, more = await read_body(receive)
+        if more:
+            await json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
+                                                       "event calls carry a prompt and a few values"})
+            return
+        payload = _json(body)
+        inputs = self._inputs(route, payload)
+        guarded = self._guarded(route, payload, inputs)
+        refusal = self._arity(route, scope, payload, inputs)
+        if refusal is not None:
+            if guarded:
+                log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
+            await json_response(send, 422, {"detail": refusal})
+            return
+        if not guarded:
+            await self.app(scope, replay_body(body, False, receive), send)
+            return
+        session_hash = json_field(body, "session_hash")
+        owner = stop_key(session_hash, _headers(scope))
+        run = await self._admit(session_hash if isinstance(session_hash, str) else None, owner, scope, send)
+        if run is None:
+            return
+        answer: dict[str, Any] = {}
+        inner_send = _recording(send, answer)
+        replay = replay_body(body, False, receive)
+        if route.kind == "run":  # answered when the handler ends: a closed connection stops it
+            replay = _watching(replay, answer, lambda: self.runs.stop_ticket(run.ticket))
+        try:
+            await self.app(_with_ticket(scope, run.ticket), replay, inner_send)
+        finally:
+            if route.kind != "run" and answer.get("status") == 200:
+                self.runs.joined(run.ticket, json_field(answer.get("body", b""), "event_id"))
+            else:
+                self.runs.drop_unclaimed(run.ticket)
+
+    def _inputs(self, route: Route, payload: Any) -> EventInputs | None:
+        by_index, by_name = self.events()
+        fn_index = payload.get("fn_index") if isinstance(payload, dict) else None
+        if route.kind == "call" or (route.kind == "run" and route.name != "predict"):
+            return by_name.get(route.name)
+        return by_index.get(fn_index) if isinstance(fn_index, int) and not isinstance(fn_index, bool) else None
+
+    def _guarded(self, route: Route, payload: Any, inputs: EventInputs | None) -> bool:
+        """Whether the call runs the device; a join that names no handler counts, to be safe."""
+        if route.kind == "join" and inputs is None:
+            return True
+        if route.kind == "run" and inputs is not None and inputs.queued:
+            return False  # Gradio answers it: a queued event's direct route is closed (api_open=False)
+        return inputs is not None and inputs.api_name in self.guarded
+
+    @staticmethod
+    def _arity(route: Route, scope: Scope, payload: Any, inputs: EventInputs | None) -> str | None:
+        """A call whose ``data`` does not fit its handler (Gradio answers too few with no message, too many
+        with a crash); named arguments (``/call/v2/``) Gradio matches by name itself."""
+        if inputs is None or not isinstance(payload, dict) or "data" not in payload or "/call/v2/" in scope["path"]:
+            return None
+        return arity_error(inputs, payload["data"], simple_format=route.kind == "call")
+
+    async def _admit(self, session_hash: str | None, owner: str | None, scope: Scope, send: Send,
+                     mcp_id: Any = None) -> Run | None:
+        client_host = (scope.get("client") or (None, None))[0]
+        admitted = self.runs.admit(session_hash, owner, client_host)
+        if isinstance(admitted, Run):
+            return admitted
+        fields = {"via": "mcp"} if mcp_id is not None else {}
+        log.info(json.dumps({"event": "request", "outcome": "busy", **fields, "reason": admitted.split(";")[0]}))
+        if mcp_id is not None:
+            await tool_error(send, mcp_id[0], admitted)
+        else:
+            await json_response(send, 503, {"detail": admitted})
+        return None
+
+    # ---- MCP ----------------------------------------------------------------------------------------
+    async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body, more = await read_body(receive)
+        message = None if more else _json(body)
+        method = message.get("method") if isinstance(message, dict) else None
+        params = message.get("params") if isinstance(message, dict) else None
+        params = params if isinstance(params, dict) else {}
+        client_host = (scope.get("client") or (None, None))[0]
+        if method == "notifications/cancelled":
+            # Gradio's MCP server is stateless (each POST a session of its own): the SDK's own handling of
+            # a cancel never reaches the call, so the caller's running call with that id is stopped here
+            self.runs.stop_mcp_call(client_host, json.dumps(params.get("requestId")), StopReason.USER)
+        tool = params.get("name") if method == "tools/call" else None
+        if not isinstance(tool, str):
+            await self.app(scope, replay_body(body, more, receive), send)
+            return
+        request_id = message.get("id")
+        if tool not in self.tools:  # Gradio would call any public endpoint by its function's name
+            await tool_error(send, request_id, f"unknown tool {tool[:40]!r}; the tools here: {', '.join(self.tools)}")
+            return
+        schema = self.input_schema(tool)
+        problem = argument_problem(schema, params.get("arguments") or {}) if schema else None
+        if problem:  # refused before the limits, as the tools' own validation is
+            log.info(json.dumps({"event": "request", "outcome": "invalid", "via": "mcp", "tool": tool,
+                                 "reason": problem.split(":")[0]}))
+            await tool_error(send, request_id, problem)
+            return
+        if tool not in self.guarded:
+            await self.app(scope, replay_body(body, more, receive), send)
+            return
+        run = await self._admit(None, None, scope, send, mcp_id=(request_id,))
+        if run is None:
+            return
+        run.mcp_call = (client_host, json.dumps(request_id))  # JSON-RPC ids keep their type: 1 is not "1"
+        # the client cancelled or went away: its run stops at its next step
+        gone = _watching(replay_body(body, False, receive), {}, lambda: self.runs.stop_ticket(run.ticket, StopReason.USER))
+        try:
+            await self.app(_with_ticket(scope, run.ticket), gone, send)
+        finally:
+            self.runs.drop_unclaimed(run.ticket)
+
+
+def event_table(blocks: Any) -> tuple[dict[int, EventInputs], dict[str, EventInputs]]:
+    """Every handler's inputs by ``fn_index`` and by api name, from the page's public config and API info
+    (a State input is server side; a handler the API does not list names its inputs by position)."""
+    config = blocks.get_config_file()
+    endpoints = blocks.get_api_info(all_endpoints=True)["named_endpoints"]
+    states = {component["id"] for component in config["components"] if component.get("type") == "state"}
+    by_index: dict[int, EventInputs] = {}
+    for dependency in config["dependencies"]:
+        inputs, api_name = dependency["inputs"], dependency.get("api_name")
+        listed = iter(p["parameter_name"] for p in endpoints.get(f"/{api_name}", {}).get("parameters", []))
+        names = tuple("state" if block in states else next(listed, f"input {n + 1}") for n, block in enumerate(inputs))
+        by_index[dependency["id"]] = EventInputs(api_name, names, sum(1 for block in inputs if block in states),
+                                                 queued=bool(dependency.get("queue", True)))
+    return by_index, {inputs.api_name: inputs for inputs in by_index.values() if inputs.api_name}
+
+
+#: JSON Schema types in the words of the tools' own checks ("num_images: must be ...")
+_TYPE_WORDS = {"integer": "a whole number", "number": "a number", "string": "text", "boolean": "true or false",
+               "object": "an object", "array": "a list"}
+
+
+def argument_problem(schema: dict[str, Any], arguments: Any) -> str | None:
+    """The first argument ``schema`` (the tool's ``inputSchema``) refuses, named as the tools name a bad
+    value (``num_images: must be a whole number, got "many"``); None when the arguments fit."""
+    import jsonschema
+
+    if not isinstance(arguments, dict):
+        return "arguments: must be an object of named arguments"
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = min(validator.iter_errors(arguments), key=lambda e: [str(part) for part in e.path], default=None)
+    if error is None:
+        return None
+    if error.validator == "required":
+        missing = next((name for name in error.validator_value if name not in arguments), "arguments")
+        return f"{missing}: required"
+    name = str(error.path[0]) if error.path else "arguments"
+    spec = schema.get("properties", {}).get(name, {})
+    options = spec.get("anyOf") or spec.get("oneOf") or [spec]  # Gradio writes ``int | None`` as oneOf
+    types = [option.get("type") for option in options]
+    words = [_TYPE_WORDS[kind] for kind in types if kind in _TYPE_WORDS]
+    if not words:
+        return f"{name}: {error.message}"
+    optional = " (or left out)" if "null" in types else ""
+    return f"{name}: must be {' or '.join(words)}{optional}, got {json.dumps(error.instance)[:40]}"
+
+
+# ---- ASGI plumbing ------------------------------------------------------------------------------------
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _with_ticket(scope: Scope, ticket: str) -> Scope:
+    return dict(scope, headers=[*scope.get("headers", []), (_RUN_HEADER, ticket.encode())])
+
+
+def _with_owner_cookie(scope: Scope, send: Send) -> Send:
+    """``send`` that gives a caller without a well-formed owner cookie a new one (HttpOnly)."""
+    if owner_of(_headers(scope)):
+        return send
+    secure = "; Secure" if scope.get("scheme") == "https" else ""
+    cookie = f"{OWNER_COOKIE}={secrets.token_urlsafe(24)}; Path=/; HttpOnly; SameSite=Lax{secure}".encode()
+
+    async def send_with_cookie(message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.start":
+            message = dict(message, headers=[*message.get("headers", []), (b"set-cookie", cookie)])
+        await send(message)
+
+    return send_with_cookie
+
+
+def _recording(send: Send, answer: dict[str, Any]) -> Send:
+    """``send`` that keeps the status, the first 4 KiB of the body and whether the answer is complete."""
+    async def recording(message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.start":
+            answer["status"] = message.get("status")
+        elif message.get("type") == "http.response.body":
+            answer["body"] = (answer.get("body", b"") + message.get("body", b""))[:4096]
+            answer["complete"] = not message.get("more_body", False)
+        await send(message)
+
+    return recording
+
+
+def _watching(receive: Receive, answer: dict[str, Any], on_gone: Callable[[], Any]) -> Receive:
+    """``receive`` that calls ``on_gone`` when the client closes the connection before the answer is complete."""
+    async def watching() -> dict[str, Any]:
+        message = await receive()
+        if message.get("type") == "http.disconnect" and not answer.get("complete"):
+            on_gone()
+        return message
+
+    return watching
+
+
+async def _watched(app: Callable, scope: Scope, receive: Receive, send: Send, on_gone: Callable[[], Any]) -> None:
+    """A stream whose early close by the client calls ``on_gone``."""
+    answer: dict[str, Any] = {}
+    await app(scope, _watching(receive, answer, on_gone), _recording(send, answer))
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+async def read_body(receive: Receive) -> tuple[bytes, bool]:
+    """The request body up to MAX_CALL_BODY; ``more`` is True if it goes on past that."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+        if size > MAX_CALL_BODY:
+            return b"".join(chunks), True
+
+
+def replay_body(body: bytes, more: bool, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": more}
+        return await receive()
+
+    return replay
+
+
+def json_field(body: bytes, name: str) -> Any:
+    value = _json(body)
+    value = value.get(name) if isinstance(value, dict) else None
+    return value if value not in ("", None) and not isinstance(value, (dict, list)) else None
+
+
+async def json_response(send: Send, status: int, payload: dict[str, Any]) -> None:
+    content = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
+                            (b"retry-after", b"10")]})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def tool_error(send: Send, request_id: Any, text: str) -> None:
+    """A JSON-RPC answer to ``tools/call``: a tool error with ``text`` (what Gradio's tools return)."""
+    content = json.dumps({"jsonrpc": "2.0", "id": request_id,
+                          "result": {"content": [{"type": "text", "text": text}], "isError": True}}).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]})
+    await send({"type": "http.response.body", "body": content})
