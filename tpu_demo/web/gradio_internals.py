@@ -28,8 +28,10 @@ class GradioInternalsMissing(RuntimeError):
     """This Gradio lacks a private name the app needs; the message names it."""
 
 
-def missing_internals(blocks: Any, gradio_module: Any = gradio) -> list[str]:
-    """The names of ``PRIVATE_NAMES`` that ``blocks`` (after ``Blocks.queue``) or ``gradio_module`` lack."""
+def missing_internals(blocks: Any, gradio_module: Any = None) -> list[str]:
+    """The names of ``PRIVATE_NAMES`` that ``blocks`` (after ``Blocks.queue``) or ``gradio_module`` (default:
+    the installed Gradio) lack."""
+    gradio_module = gradio_module or gradio
     missing = []
     queue = getattr(blocks, "_queue", None)
     if queue is None:
@@ -55,8 +57,9 @@ def missing_internals(blocks: Any, gradio_module: Any = gradio) -> list[str]:
     return missing
 
 
-def check_gradio_internals(blocks: Any, gradio_module: Any = gradio) -> None:
+def check_gradio_internals(blocks: Any, gradio_module: Any = None) -> None:
     """Stop the app, naming what is missing, if this Gradio lacks a private name the app needs."""
+    gradio_module = gradio_module or gradio
     missing = missing_internals(blocks, gradio_module)
     if missing:
         version = getattr(gradio_module, "__version__", "?")
