@@ -1,11 +1,9 @@
 """The one door every HTTP request passes (an ASGI middleware in front of Gradio's app).
 
-Guarantees: each caller gets a server-issued owner cookie; an event call's body is at most 1 MiB and
-its ``data`` fits its handler (else 413 / 422 naming the input); device work (a page or API join, an
-MCP tool call, a tool's own route) reaches a handler only once ``Runs.admit`` admitted it, carrying
-the server-issued ``RUN_HEADER`` (a caller's own copy is removed), and past a limit gets Gradio's
-"busy" answer (HTTP 503, or an MCP tool error) naming the limit; a closed client stream, ``/cancel``
-and MCP's ``notifications/cancelled`` stop the runs they name and no other.
+It issues the owner cookie; refuses an event call over 1 MiB (413) or whose ``data`` does not fit its
+handler (422 naming the input); admits device work at every door only through ``Runs.admit`` (else
+HTTP 503 or an MCP tool error naming the limit), handing it a server-issued ``RUN_HEADER`` (a caller's
+copy is removed); and relays a closed stream, ``/cancel`` and MCP cancels to the runs they name.
 """
 
 from __future__ import annotations

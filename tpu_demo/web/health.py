@@ -1,11 +1,8 @@
 """``GET /health`` (liveness) and ``GET /ready`` (readiness), as JSON, without paths or secrets.
 
-``/health`` reports the device, the loaded models, each bucket's state (warm / compiling / cold /
-failed, no error text: errors can quote file paths), how many requests wait in the queue, whether
-the device is busy and the readiness verdict. It answers 200 while the server serves (a replica
-that is still compiling is alive). ``/ready`` answers 200 only once the start model's buckets are
-warm, else 503 with the reason (readiness.py): the one a load balancer or a Kubernetes
-readiness probe asks. Neither runs anything on the device.
+``/health`` answers 200 while the server serves (device, loaded models, bucket states without error
+text, requests waiting, busy, the readiness verdict); ``/ready`` answers 200 only once readiness.py
+says so, else 503 with the reason. Neither runs anything on the device.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Per-session history: this visit's earlier results under the gallery, newest first.
 
-Each browser session gets its own folder of copied PNGs (the generate and compare galleries
-live in Gradio's cache, which is shared and cleaned by age). Bounded three ways: images per
-session, megabytes per session, and sessions kept (the oldest is dropped first). A session's
-folder is freed when its tab closes (``Blocks.unload``) and everything when the server stops.
-
-The page shows earlier runs only: the run in the gallery and the comparison on show are kept but
-left out of the view until a newer run replaces them (``after_generate``, ``after_compare``).
+Each session's copied PNGs are bounded (images and megabytes per session, sessions kept, oldest
+dropped first) and freed when its tab closes (``Blocks.unload``) or the server stops. The view shows
+earlier runs only, never the run on show in the gallery or the comparison.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The MCP tools (Gradio's MCP server turns each public ``gr.api`` endpoint into one): generate images,
 compare modes, list models.
 
-Each tool is a plain function whose docstring Gradio turns into the tool's description and argument
-schema, so the docstrings are written for this server (its models, buckets, ranges and defaults) when
-the page is built. The device tools run in-process with the caller's own request (unqueued: the
-guard admitted them) through the page's own handlers (validation naming the field, the run registry,
-the one log line), and answer with one text: what ran, then each image's URL (a PNG carrying its
-settings) and the link that reproduces it.
+Each tool's docstring (its description and argument schema) is written for this server when the page
+is built. The device tools run in-process through the page's own handlers (validation naming the
+field, the run registry, one log line) and answer with one text: what ran, each PNG's URL, its link.
 """
 
 from __future__ import annotations

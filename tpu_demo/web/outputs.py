@@ -1,17 +1,8 @@
 """What the generate event sends: finished images as PNG files, the live preview as inline HTML.
 
-The two travel differently on purpose. A finished image is a file (settings chunks included) that
-Gradio copies into its cache once and visitors download, keep and drop back on the page. A live
-preview is shown for a quarter of a second and then replaced: sending it as a gallery item cost a
-PNG file written, hashed and copied into Gradio's cache, a second request to fetch it (every
-gallery file again for ``gradio_client``), and Gradio's postprocessing of the whole gallery, per
-preview, on the cores that denoise. As an ``<img>`` with a ``data:`` URL in a ``gr.HTML`` output
-it is a few hundred bytes on the event stream and nothing else.
-
-The generate event runs with ``postprocess=False``: the handler yields what Gradio would send
-(``gallery_data``), so an update costs no trip through a worker thread per output and no thread
-pool per gallery (``gr.Gallery.postprocess`` starts one per call). Gradio still copies each file
-into its cache and adds its URL.
+A finished image is a file (settings chunks included) Gradio copies into its cache once; a preview is
+an ``<img>`` with a ``data:`` URL in a ``gr.HTML`` output, never a file. The event runs with
+``postprocess=False``: the handler yields what Gradio sends (``gallery_data``); see docs/generation.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Readiness: may a load balancer send this replica visitors yet? (``GET /ready``)
 
-A replica that just started loads its start model and compiles each configured bucket (minutes
-on a TPU); visitors sent to it meanwhile wait behind those compiles while warm replicas idle. So
-``/ready`` answers 503 with the reason (``loading tiny-flux``, ``compiling bucket 2 of 3 ...``)
-until every configured bucket of the start model, in the start mode, is warm, then 200; with
-``--warm all``, until every offered model has been warmed in every mode too (``warming tiny-sd3
-(model 1 of 2, ...): ...``). Once ready a replica stays ready (a visitor switching models may evict
-the start model; that does not make the replica unable to serve) until SIGTERM, when it answers 503
-``shutting down`` so the balancer stops sending new visitors while the running request ends. The
-reason of a ready replica says what is loaded now: after a switch evicted the start model it names
-the model loaded instead. ``/health`` stays liveness: a compiling replica is alive and answers 200 there.
+503 with the reason (loading, compiling bucket n of m, warming for ``--warm all``) until every
+configured bucket of the start model in the start mode is warm, then 200 until SIGTERM ("shutting
+down"); a model switch evicting the start model does not take readiness back. docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """One registry of the generations admitted to the device, and one way to stop them.
 
-A run is registered by the admission guard when its request is admitted (before Gradio queues it),
-claimed by its handler through the server-issued ticket header, and removed when the handler ends
-or Gradio drops the event. Every way of stopping (Stop, ``/cancel``, MCP cancel, a closed client
-stream, the time limit, SIGTERM) calls ``Run.stop``; the engine sees the run's flag at its next step.
-Each run writes one operator log line when it ends.
+The guard registers a run at admission; its handler claims it by the ticket header and ends it (one
+operator log line). Every way of stopping (Stop, ``/cancel``, MCP cancel, a closed stream, the time
+limit, SIGTERM) calls ``Run.stop``; the engine sees the run's flag at its next step.
 """
 
 from __future__ import annotations

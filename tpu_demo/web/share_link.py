@@ -1,10 +1,8 @@
 """The page's side of the reproduce link (core/links.py): "Copy link" under the gallery, and a page
 opened from a link, its controls filled and a "Generate this" button shown (it never runs by itself).
 
-The link is built from the selected image's PNG settings (what made that image, not what the controls
-say now) and completed in the browser with the page's own address, so it points at this server as the
-visitor reached it. Opening one checks every parameter as the API would; a bad one shows which, and
-leaves the controls and the device alone.
+The link is built from the selected image's PNG settings and completed in the browser with the page's
+own address; opening one checks every parameter as the API would and leaves the device alone.
 """
 
 from __future__ import annotations
