@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -54,7 +55,35 @@ def run_clients(url: str, clients: int, requests: int, fields: dict[str, Any], k
 
 
 def row_key(clients: int, batch: int, kind: str, poll: float | None) -> str:
+    if kind == FLOOR:
+        return f"{clients}_clients_floor_http"
     return f"{clients}_clients_batch_{batch}_{kind}" + ("" if poll is None else f"_poll_{poll:g}")
+
+
+#: the client kind of the floor rows: raw HTTP visitors against benchmarks/floor_app.py
+FLOOR = "floor"
+
+
+class RequestLines(logging.Handler):
+    """The app's request log lines (``tpu_demo.requests``) as they are written: their ``stages_ms``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = json.loads(record.getMessage())
+        except ValueError:
+            return
+        if isinstance(line, dict) and "stages_ms" in line and line.get("outcome") == "ok":
+            self.lines.append(line)
+
+
+def median_stages(lines: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per stage, the median milliseconds over ``lines``."""
+    names = lines[0]["stages_ms"] if lines else {}
+    return {name: round(percentile([line["stages_ms"][name] for line in lines], 0.5), 2) for name in names}
 
 
 def bare_block(bare_call: Callable[[int], Any], images: int) -> float:
@@ -69,13 +98,18 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
                  clients: Sequence[int] = (1, 4, 16), requests_per_client: int = 3, rounds: int = 3,
                  max_batch: int = 4, kinds: Sequence[str] = ("http", "gradio_client"),
                  polls: Sequence[float] = (), set_poll: Callable[[float], Any] = lambda seconds: None,
-                 ) -> dict[str, Any]:
+                 floor_url: str | None = None) -> dict[str, Any]:
     """Every (clients, batching, client kind, queue poll) configuration ``rounds`` times, interleaved,
-    plus bare blocks (run with the server idle at the first of ``polls``, the app's own setting)."""
+    plus bare blocks (run with the server idle at the first of ``polls``, the app's own setting) and,
+    given ``floor_url`` (benchmarks/floor_app.py), the same raw-HTTP visitors against Gradio's floor."""
     configs = [(n, batch, kind, poll) for poll in (polls or (None,)) for kind in kinds for n in clients
                for batch in (1, max_batch)]
+    if floor_url:
+        configs += [(n, 1, FLOOR, None) for n in clients]
     totals = {config: {"seconds": 0.0, "images": 0, "latencies": [], "errors": [], "server_cpu": 0.0,
-                       "client_cpu": 0.0} for config in configs}
+                       "client_cpu": 0.0, "stages": []} for config in configs}
+    logs = RequestLines()
+    logging.getLogger("tpu_demo.requests").addHandler(logs)
     bare_seconds = bare_images = 0.0
     load = []
     for round_index in range(rounds):
@@ -91,8 +125,13 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
             engine.set_max_batch(batch)
             if poll is not None:
                 set_poll(poll)
-            burst = run_clients(url, n, requests_per_client, fields, kind)
+            logged = len(logs.lines)
+            if kind == FLOOR:
+                burst = run_clients(floor_url, n, requests_per_client, fields, "http")
+            else:
+                burst = run_clients(url, n, requests_per_client, fields, kind)
             total = totals[(n, batch, kind, poll)]
+            total["stages"] += logs.lines[logged:]
             total["seconds"] += burst["seconds"]
             total["images"] += burst["images"]
             total["latencies"] += burst["latencies"]
@@ -100,6 +139,7 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
             total["server_cpu"] += burst["server_cpu_seconds"]
             total["client_cpu"] += burst["client_cpu_seconds"]
         load.append(os.getloadavg()[0])
+    logging.getLogger("tpu_demo.requests").removeHandler(logs)
     engine.set_max_batch(max_batch)
     if polls:
         set_poll(polls[0])
@@ -117,7 +157,7 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
             "ratio_to_bare": round(per_minute / bare_per_minute, 3), "images": total["images"],
             "p50_latency_s": round(percentile(total["latencies"], 0.5), 3),
             "p95_latency_s": round(percentile(total["latencies"], 0.95), 3), "errors": total["errors"][:5],
-            "error_count": len(total["errors"])}
+            "error_count": len(total["errors"]), "stages_ms": median_stages(total["stages"])}
     on, off = max_batch, 1
     shown_polls = polls if len(polls) > 1 else (None,)
 
@@ -128,9 +168,35 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
                    round(ipm(4, batch, kind, poll) / ipm(1, batch, kind, poll), 3)
                    for poll in shown_polls for kind in kinds for side, batch in (("on", on), ("off", off))
                    } if {1, 4} <= set(clients) else {}
-    return {"configs": rows, "bare_images_per_minute": round(bare_per_minute, 1), "rounds": rounds,
-            "requests_per_client": requests_per_client, "load_average_per_round": [round(x, 2) for x in load],
-            "calls_by_batch": dict(engine.calls_by_batch), "four_clients_vs_one": four_vs_one}
+    result = {"configs": rows, "bare_images_per_minute": round(bare_per_minute, 1), "rounds": rounds,
+              "requests_per_client": requests_per_client, "load_average_per_round": [round(x, 2) for x in load],
+              "calls_by_batch": dict(engine.calls_by_batch), "four_clients_vs_one": four_vs_one}
+    if floor_url and "http" in kinds:
+        result["targets"] = targets(rows, bare_per_minute, max_batch, max(clients))
+    return result
+
+
+def targets(rows: dict[str, Any], bare_per_minute: float, max_batch: int, crowd: int) -> dict[str, Any]:
+    """The request path's targets, each with its figure, its goal and, where it misses, the stage that
+    holds it back (the largest beyond the device in the app's request log)."""
+    one_on, one_off = rows[row_key(1, max_batch, "http", None)], rows[row_key(1, 1, "http", None)]
+    floor = rows[row_key(1, 1, FLOOR, None)]
+    bare_ms = 60_000 / bare_per_minute
+    beyond = 1000 * one_on["p50_latency_s"] - 1000 * floor["p50_latency_s"] - bare_ms
+    stages = {name: ms for name, ms in one_on["stages_ms"].items() if name != "device"}
+    holding = max(stages, key=stages.get) if stages else "unknown"
+    figures = {
+        "one visitor at the default settings / bare calls": (one_on["ratio_to_bare"], ">= 0.8", one_on["ratio_to_bare"] >= 0.8),
+        "one visitor: ms per request beyond the floor and the bare call": (round(beyond, 1), "<= 5", beyond <= 5),
+        "one visitor, batching on / off": (round(one_on["images_per_minute"] / one_off["images_per_minute"], 3), ">= 0.98",
+                                           one_on["images_per_minute"] >= 0.98 * one_off["images_per_minute"]),
+        f"{crowd} visitors, batching on / bare calls": (rows[row_key(crowd, max_batch, "http", None)]["ratio_to_bare"],
+                                                       ">= 0.9", rows[row_key(crowd, max_batch, "http", None)]["ratio_to_bare"] >= 0.9),
+    }
+    return {name: {"figure": figure, "goal": goal, "met": met, **({} if met else {"held_back_by": holding})}
+            for name, (figure, goal, met) in figures.items()} | {
+        "floor_ms_per_request": round(1000 * floor["p50_latency_s"], 1), "bare_ms_per_image": round(bare_ms, 1),
+        "one_visitor_stages_ms": one_on["stages_ms"]}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -143,6 +209,15 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{row['ratio_to_bare']:.2f}x | {row['p50_latency_s'] * 1000:.0f} ms | "
                      f"{row['p95_latency_s'] * 1000:.0f} ms | {row['server_cpu_ms_per_image']:.0f}, "
                      f"{row['client_cpu_ms_per_image']:.0f} | {row['error_count']} |")
+    for name, target in result.get("targets", {}).items():
+        if isinstance(target, dict) and "goal" in target:
+            held = f" (held back by: {target['held_back_by']})" if "held_back_by" in target else ""
+            lines.append(f"| target | {name} | | | {target['figure']} | goal {target['goal']} | "
+                         f"{'met' if target['met'] else 'missed'}{held} | | | |")
+    if "targets" in result:
+        lines.append(f"\none visitor's median stages (ms, from the app's request log): "
+                     f"{result['targets']['one_visitor_stages_ms']}; floor {result['targets']['floor_ms_per_request']} "
+                     f"ms/request; bare call {result['targets']['bare_ms_per_image']} ms/image")
     lines.append(f"\nbare back-to-back calls: {result['bare_images_per_minute']:.0f} images/min; 4 clients / 1 client: "
                  f"{result['four_clients_vs_one']}; load average per round {result['load_average_per_round']}; "
                  f"calls by batch size {result['calls_by_batch']}")
@@ -157,7 +232,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="compiled")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--max-batch", type=int, default=4)
-    parser.add_argument("--batch-wait-seconds", type=float, default=None, help="the app's flag (default: its own)")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--client-kinds", default="http,gradio_client",
                         help="which clients to run (benchmarks/load_clients.py): http (raw HTTP), gradio_client, "
@@ -195,8 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
              "--buckets", args.resolution, "--mode", args.mode, "--compile-backend", args.compile_backend,
              "--no-warmup", "--max-batch", str(args.max_batch), "--max-per-ip", "0", "--max-queue", "64",
              "--threads", str(args.threads)]
-    if args.batch_wait_seconds is not None:
-        flags += ["--batch-wait-seconds", str(args.batch_wait_seconds)]
     app = build_app(parse_config(flags, environ={}))
     launch(app, prevent_thread_lock=True, quiet=True)
     try:
@@ -225,7 +297,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.demo.close()
         app.engine.close()
     result.update(model=args.model, resolution=args.resolution, steps=args.steps, mode=args.mode,
-                  batch_wait_seconds=app.engine.config.batch_wait_seconds,
                   compile_backend=args.compile_backend, threads=args.threads, cpu_count=os.cpu_count())
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

@@ -293,43 +293,21 @@ def _pending(seed: int):
     return PendingRequest(validate_request(request_fields(seed=seed)), lambda event: None, threading.Event())
 
 
-def _timed_wait(queue, max_size: int, timeout: float) -> float:
-    started = time.monotonic()
-    queue.wait_for_batch(max_size, timeout)
-    return time.monotonic() - started
-
-
-def _crowd_of(size: int):
-    """An ImageQueue that just had ``size`` requests in its line together, all finished but the first two."""
+def test_a_call_leaves_at_once_and_images_arriving_meanwhile_join_the_next():
+    """No batch window: a lone visitor's image leaves with the first call; images that arrive while that
+    call runs wait for the next one, which takes the largest warm size of them (here 1 and 2 are warm)."""
     from tpu_demo.engine.batching import ImageQueue
 
     queue = ImageQueue()
-    crowd = [_pending(seed) for seed in range(size)]
-    for pending in crowd:
-        queue.add(pending)
-    for pending in crowd[2:]:
-        pending.finish()
-    return queue
-
-
-def test_a_call_waits_for_as_many_requests_as_were_about_together():
-    from tpu_demo.engine.batching import ImageQueue
-
-    lone = ImageQueue()
-    lone.add(_pending(1))
-    assert _timed_wait(lone, 4, 1.0) < 0.1  # one visitor: no wait at all
-
-    pair = _crowd_of(2)
-    assert _timed_wait(pair, 4, 1.0) < 0.1  # two visitors, both waiting: a call of 4 does not wait for more
-
-    crowd = _crowd_of(4)  # four were about; two wait now: a call of 4 waits for two more images
-    late = [threading.Timer(0.1, crowd.add, [_pending(13)]), threading.Timer(0.2, crowd.add, [_pending(14)])]
-    for timer in late:
-        timer.start()
-    waited = _timed_wait(crowd, 4, 2.0)
-    assert 0.15 < waited < 1.0, waited  # returned when the fourth image arrived, not at the timeout
-    assert _timed_wait(crowd, 4, 2.0) < 0.05  # four wait now: no wait
-
-    short = _crowd_of(4)
-    assert 0.25 <= _timed_wait(short, 4, 0.3) < 1.0  # nobody else comes: it waits the timeout, no longer
-    assert _timed_wait(_crowd_of(4), 2, 1.0) < 0.1  # a call of at most 2 has its two: no wait
+    stopped = []
+    warm = lambda shape, size: size <= 2  # noqa: E731
+    queue.add(_pending(1))
+    started = time.monotonic()
+    first = queue.take(4, usable=warm, stopped=stopped.append)
+    assert [m.pending.request.seed for m in first] == [1] and time.monotonic() - started < 0.05
+    for seed in (2, 3, 4):  # arrive while the device runs the first call
+        queue.add(_pending(seed))
+    second = queue.take(4, usable=warm, stopped=stopped.append)
+    third = queue.take(4, usable=warm, stopped=stopped.append)
+    assert [m.pending.request.seed for m in second] == [2, 3] and [m.pending.request.seed for m in third] == [4]
+    assert queue.take(4, usable=warm, stopped=stopped.append) == [] and stopped == []

@@ -61,6 +61,9 @@ class ModelSpec:
     guidance_range: tuple[float, float] | None = (0.0, 20.0)
     #: True when guidance > 1 runs classifier-free guidance by doubling the batch (SD3): another static shape
     cfg_doubles_batch: bool = False
+    #: the most images one call of a bucket runs beside the weights on one chip (1, 2 or 4): the default
+    #: ``--max-batch``, each size warmed like a bucket (TPU figures: docs/generation.md, "Which sizes")
+    max_batch: int = 4
     #: the pipeline argument the guidance control sets: ``guidance_scale`` (distilled guidance, or
     #: SD3's CFG) or ``true_cfg_scale`` (FluxPipeline's true CFG against ``negative_prompt``: a
     #: second transformer call per step at batch 1, so no new shape)
@@ -258,7 +261,7 @@ _ENTRIES = (
         placements=(Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD, Placement.TENSOR_PARALLEL),
         component_gb={"transformer": 23.8, "text_encoder_2": 9.5, "text_encoder": 0.25, "vae": 0.17},
         call_kwargs={"max_sequence_length": 256}, license_note="Apache-2.0",
-        download_exclude=("flux1-schnell.safetensors", "ae.safetensors"),
+        download_exclude=("flux1-schnell.safetensors", "ae.safetensors"), max_batch=2,
     ),
     ModelSpec(
         id="sd3.5-medium", title="Stable Diffusion 3.5 Medium", pipeline_class="StableDiffusion3Pipeline",
@@ -280,6 +283,7 @@ _ENTRIES = (
         component_gb={"transformer": 64.0, "text_encoder": 48.0, "vae": 0.17},
         license_note="gated: accept the license on the hub and set HF_TOKEN",
         download_exclude=("flux2-dev.safetensors", "ae.safetensors"), prompt_upsampler=_FLUX2_UPSAMPLER,
+        max_batch=1,
     ),
 )
 

@@ -1,15 +1,14 @@
 """Images waiting for the device, and how each pipeline call is formed from them.
 
-A call holds images of one shape (model, mode, bucket, steps, guidance, style and its scale) at a warm
-batch size only, one image per request per round (round robin): a request never compiles and never
-starves another. Images are never padded; a lone visitor never waits for a batch to fill. A request's
-stream ends exactly once (``PendingRequest.finish``); events after that are dropped.
+A call leaves at once with what waits: images of one shape (model, mode, bucket, steps, guidance, style
+and its scale) at a warm batch size only, one image per request per round (round robin), never padded;
+images that arrive while the device is busy join the next call. A request never compiles, never
+starves another and never waits for a batch to fill. Its stream ends exactly once (``PendingRequest.finish``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -18,8 +17,6 @@ from tpu_demo.core.request import GenerationRequest
 
 #: the last event of every request's stream
 END = object()
-#: how long a crowd (requests in the line together) is remembered when a call waits for its batch (seconds)
-CROWD_MEMORY_SECONDS = 2.0
 
 
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -93,48 +90,13 @@ class Member(NamedTuple):
 class ImageQueue:
     """The waiting images of every request, in round-robin order."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._arrived = threading.Condition(self._lock)
         self._line: list[PendingRequest] = []
-        self.clock = clock
-        # the crowd: most requests in the line together lately, and when it was last that many
-        self._crowd, self._crowd_at = 0, float("-inf")
 
     def add(self, pending: PendingRequest) -> None:
         with self._lock:
             self._line.append(pending)
-            self._note_crowd()
-            self._arrived.notify_all()
-
-    def _note_crowd(self) -> None:
-        together, now = sum(1 for p in self._line if not p.finished), self.clock()
-        if together >= self._crowd or now - self._crowd_at > CROWD_MEMORY_SECONDS:
-            self._crowd, self._crowd_at = together, now
-
-    def wait_for_batch(self, max_size: int, timeout: float) -> None:
-        """Wait up to ``timeout`` s until as many images of the oldest waiting request's shape wait
-        as the crowd of the last CROWD_MEMORY_SECONDS had requests (at most ``max_size``); return
-        at once when that crowd was one request."""
-        if max_size <= 1 or timeout <= 0:
-            return
-        deadline = self.clock() + timeout
-        with self._lock:
-            recent = self.clock() - self._crowd_at <= CROWD_MEMORY_SECONDS
-            wanted = min(max_size, self._crowd if recent else 0)
-            if wanted <= 1:
-                return
-            while True:
-                candidates = [p for p in self._line if p.waiting_images > 0]
-                if not candidates:
-                    return
-                shape = candidates[0].shape
-                if sum(p.waiting_images for p in candidates if p.shape == shape) >= wanted:
-                    return
-                left = deadline - self.clock()
-                if left <= 0:
-                    return
-                self._arrived.wait(left)
 
     def remove(self, pending: PendingRequest) -> None:
         with self._lock:
@@ -157,7 +119,6 @@ class ImageQueue:
             for pending in [p for p in self._line if not p.finished and p.stop.is_set() and p.in_flight == 0]:
                 stopped(pending)
             self._line = [p for p in self._line if not p.finished and p.waiting_images > 0 or p.in_flight > 0]
-            self._note_crowd()
             candidates = [p for p in self._line if p.waiting_images > 0]
             if not candidates:
                 return []

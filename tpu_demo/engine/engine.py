@@ -59,11 +59,10 @@ class EngineConfig:
     #: emit a latent preview every this many denoising steps (0: never)
     preview_every: int = 1
     #: most images per pipeline call (static sizes 1, 2, 4 up to it); tensor parallel runs batch 1
-    max_batch: int = 1
+    #: largest images per call (1, 2, 4); 0: each model's ``ModelSpec.max_batch``
+    max_batch: int = 0
     #: and at most one preview per this many seconds of wall time, counted from the image's start
     preview_seconds: float = 0.25
-    #: with max_batch > 1, how long a call may wait for its batch to fill (ImageQueue.wait_for_batch)
-    batch_wait_seconds: float = 0.05
     #: style adapters served instead of the catalog's, per model id (tests, operators' own files)
     style_overrides: dict[str, tuple[StyleSpec, ...]] = field(default_factory=dict)
 
@@ -85,7 +84,8 @@ class Engine:
                               device, self.book, self.decode_guard, lockstep, self.calls.in_lockstep)
         #: images waiting for the device; a lockstep call carries one prompt and seed, so TP runs batch 1
         self._images = ImageQueue()
-        self.batch_sizes = batch_sizes(config.max_batch if lockstep is None else 1)
+        #: --max-batch: 0 is each model's own (``ModelSpec.max_batch``); set_max_batch changes it at run time
+        self._max_batch = config.max_batch
         #: pipeline calls made for requests, by images per call
         self.calls_by_batch: Counter[int] = Counter()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
@@ -106,7 +106,7 @@ class Engine:
             styles=config.style_overrides.get(model_id, get_spec(model_id).styles)) for model_id in offered}
         bucket_count = sum(len(spec.buckets) for spec in self.specs.values())
         # set here and on the device thread, which compiles (dynamo's config is per thread)
-        self._recompile_limits = recompile_limits(bucket_count * len(self.batch_sizes))
+        self._recompile_limits = recompile_limits(bucket_count * len(batch_sizes(4)))
         apply_recompile_limits(self._recompile_limits)
 
     # ---- read-only views -------------------------------------------------------------------
@@ -138,12 +138,22 @@ class Engine:
                             models=models, buckets=self.book.all(), compiles_total=self.counter.count,
                             busy=self._busy.is_set(), loading=self.pool.loading)
 
-    max_batch = property(lambda self: self.batch_sizes[-1])
+    def batch_sizes_for(self, model_id: str) -> tuple[int, ...]:
+        """The static batch sizes ``model_id`` warms and calls at: up to ``--max-batch``, or its catalog
+        ``max_batch`` (auto); batch 1 only under tensor parallelism (a lockstep call carries one prompt)."""
+        if self.lockstep is not None:
+            return (1,)
+        return batch_sizes(self._max_batch or self.spec(model_id).max_batch)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch any offered model calls at."""
+        return max(self.batch_sizes_for(model_id)[-1] for model_id in self.specs)
 
     def set_max_batch(self, max_batch: int) -> None:
-        """Change the largest batch size at run time (the benchmark compares batching on and off);
-        sizes used must still be warm (``warmup``) before a request batches at them."""
-        self.batch_sizes = batch_sizes(max_batch if self.lockstep is None else 1)
+        """Change the largest batch size at run time (the benchmark compares batching on and off; 0: each
+        model's own); sizes used must still be warm (``warmup``) before a request batches at them."""
+        self._max_batch = max_batch
 
     @staticmethod
     def shape_key(spec: ModelSpec, mode: ExecutionMode, bucket: Bucket | str, guidance_scale: float,
@@ -157,7 +167,7 @@ class Engine:
         """What warmup warms: every bucket at every batch size, at the model's default guidance."""
         spec = self.spec(model_id)
         return [self.shape_key(spec, mode, bucket, spec.default_guidance, images)
-                for images in self.batch_sizes for bucket in spec.buckets]
+                for images in self.batch_sizes_for(model_id) for bucket in spec.buckets]
 
     def buckets_for(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]:
         """Every configured shape of ``model_id`` in ``mode`` (cold ones too) first, then any other shape used."""
@@ -195,7 +205,7 @@ class Engine:
         """
         spec = self.spec(model_id)
         # every bucket at batch 1 first: a bucket is usable at all before its larger batches warm
-        shapes = [(bucket, images) for images in self.batch_sizes for bucket in buckets or spec.buckets]
+        shapes = [(bucket, images) for images in self.batch_sizes_for(model_id) for bucket in buckets or spec.buckets]
         return self._warmer.warm(spec, mode, shapes, stop, may_evict)
 
     def warm_shape(self, model_id: str, mode: ExecutionMode, bucket: Bucket, guidance_scale: float) -> BucketStatus:
@@ -306,10 +316,9 @@ class Engine:
 
     def _run_next_call(self) -> None:
         """One device job: one pipeline call from the waiting images (nothing if none wait)."""
-        self._images.wait_for_batch(self.batch_sizes[-1], self.config.batch_wait_seconds)
         members = self._images.take(
             self.max_batch,
-            usable=lambda shape, size: self.book.is_warm(self.shape_key(
+            usable=lambda shape, size: size in self.batch_sizes_for(shape.model) and self.book.is_warm(self.shape_key(
                 self.spec(shape.model), ExecutionMode(shape.mode), shape.resolution, shape.guidance_scale, size)),
             stopped=lambda pending: pending.finish(Stopped(completed=pending.completed, reason="stopped")))
         if members:

@@ -90,13 +90,14 @@ def _buckets(text: str) -> tuple[Bucket, ...]:
 
 
 def _batch_size(text: str) -> int:
-    value = int(text)
-    if value not in BATCH_SIZES:
-        raise ValueError(f"must be one of: {', '.join(map(str, BATCH_SIZES))}")
+    """A batch size, or ``auto`` (0): each model's own from the catalog."""
+    value = 0 if text.strip().lower() == "auto" else int(text)
+    if value not in (0, *BATCH_SIZES):
+        raise ValueError(f"must be auto or one of: {', '.join(map(str, BATCH_SIZES))}")
     return value
 
 
-_batch_size.choices = tuple(map(str, BATCH_SIZES))  # type: ignore[attr-defined]
+_batch_size.choices = ("auto", *map(str, BATCH_SIZES))  # type: ignore[attr-defined]
 
 
 def _choice(values: Sequence[str]) -> Callable[[str], str]:
@@ -147,12 +148,11 @@ class AppConfig:
     preview_every: int = flag(1, "stream a latent preview every N denoising steps (0: off)", _non_negative_int)
     preview_seconds: float = flag(0.25, "and at most one preview per this many seconds, counted from the image's "
                                   "start: a faster image shows none (0: no time limit)", _non_negative_float)
-    max_batch: int = flag(1, "most images per pipeline call: waiting images of one shape (model, mode, bucket, "
-                          "steps, guidance) share a call at a warm static batch size 1, 2 or 4 up to this; "
-                          "each size is warmed like a bucket (1: no batching)", _batch_size)
-    batch_wait_seconds: float = flag(0.05, "with --max-batch above 1, how long a call may wait for its batch to "
-                                     "fill: for as many requests as were in line together lately (a lone "
-                                     "visitor never waits)", _non_negative_float)
+    max_batch: int = flag(0, "most images per pipeline call: images of one shape (model, mode, bucket, steps, "
+                          "guidance) that wait while the device is busy share the next call, at a warm static "
+                          "batch size 1, 2 or 4 up to this; a lone image never waits. Each size is warmed like "
+                          "a bucket. auto (0): each model's largest that fits its chip (catalog); 1: no "
+                          "batching", _batch_size)
     queue_poll_seconds: float = flag(0.01, "how often Gradio's queue looks for a free worker (Gradio's default "
                                      "0.001 wakes the server 1000 times a second, taking the GIL from the device "
                                      "thread)", _positive_float)

@@ -93,7 +93,6 @@ def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | Non
         preview_every=config.preview_every,
         preview_seconds=config.preview_seconds,
         max_batch=config.max_batch,
-        batch_wait_seconds=config.batch_wait_seconds,
     ), device, lockstep)
 
 

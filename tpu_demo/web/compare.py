@@ -84,9 +84,9 @@ class CompareHandler:
         runs = self.page.runs
         generation = runs.checked(request, lambda: validate_request(dict(
             inputs, mode=ExecutionMode.EAGER.value, num_images=1, previews=False), self.page.settings.limits))
-        events = runs.supervise(request, generation, self.page.engine.compare_modes, "Comparison failed",
-                                images=len(ExecutionMode))
         files = RequestFiles()
+        events = runs.supervise(request, generation, self.page.engine.compare_modes, "Comparison failed", files,
+                                images=len(ExecutionMode))
         gallery: list[tuple[str, str]] = []
         progress(0, desc="waiting for the device")
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection
 from urllib.parse import parse_qs
@@ -114,6 +115,7 @@ class Guard:
 
     # ---- page and API calls -------------------------------------------------------------------------
     async def _event_call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = time.perf_counter()
         body, more = await read_body(receive)
         if more:
             await json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
@@ -136,6 +138,7 @@ class Guard:
         run = await self._admit(session_hash if isinstance(session_hash, str) else None, owner, scope, send)
         if run is None:
             return
+        run.record.admission_seconds = time.perf_counter() - arrived
         answer: dict[str, Any] = {}
         inner_send = _recording(send, answer)
         replay = replay_body(body, False, receive)

@@ -135,8 +135,8 @@ class PageHandlers:
         sends them (the event has ``postprocess=False``; see web/outputs.py).
         """
         generation = self.runs.checked(request, lambda: validate_request(inputs, self.settings.limits))
-        events = self.runs.supervise(request, generation, self.engine.generate, "Generation failed")
         files = RequestFiles()
+        events = self.runs.supervise(request, generation, self.engine.generate, "Generation failed", files)
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
@@ -232,7 +232,7 @@ class PageHandlers:
             lines.insert(0, f"**{html.escape(status.loading)}**\n")
         busy = "busy" if status.busy else "idle"
         cfg = " (\u00d72 with classifier-free guidance)" if spec.cfg_doubles_batch else ""
-        lines.append(f"\nbatch = images per call{cfg}, up to {self.engine.max_batch} images \u00b7 {status.device} "
+        lines.append(f"\nbatch = images per call{cfg}, up to {self.engine.batch_sizes_for(model_id)[-1]} images \u00b7 {status.device} "
                      f"\u00b7 device {busy} \u00b7 {status.compiles_total} graphs compiled in total")
         return "\n".join(lines)
 

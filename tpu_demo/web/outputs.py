@@ -12,6 +12,7 @@ import html
 import io
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -34,11 +35,15 @@ class RequestFiles:
     def __init__(self):
         self.directory = Path(tempfile.mkdtemp(prefix="tpu-demo-"))
         self._count = 0
+        #: seconds spent encoding and writing PNGs (the request log's ``png_encode_write`` stage)
+        self.encode_seconds = 0.0
 
     def save(self, image: Image.Image, name: str) -> str:
+        started = time.perf_counter()
         self._count += 1
         path = self.directory / f"{self._count:04d}-{name}.png"
         image.save(path, format="PNG", pnginfo=pngmeta.png_info(image), compress_level=1)
+        self.encode_seconds += time.perf_counter() - started
         return str(path)
 
     def remove(self) -> None:

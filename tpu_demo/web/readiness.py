@@ -23,11 +23,20 @@ class Readiness:
     reason: str
 
 
+def warm_buckets(shapes: Sequence[BucketStatus]) -> tuple[int, int, list[str]]:
+    """(warm, total, failed) buckets of ``shapes``: a bucket is warm when every batch size of it is."""
+    by_bucket: dict[str, list[BucketStatus]] = {}
+    for shape in shapes:
+        by_bucket.setdefault(shape.resolution, []).append(shape)
+    warm = sum(1 for sizes in by_bucket.values() if all(s.state is BucketState.WARM for s in sizes))
+    failed = [bucket for bucket, sizes in by_bucket.items() if any(s.state is BucketState.FAILED for s in sizes)]
+    return warm, len(by_bucket), failed
+
+
 def bucket_readiness(buckets: Sequence[BucketStatus], model_loaded: bool, model: str, mode: str) -> Readiness:
-    """Ready when every configured bucket is warm; else why not (failed, loading, compiling k of n)."""
-    total = len(buckets)
-    warm = sum(1 for b in buckets if b.state is BucketState.WARM)
-    failed = [b.resolution for b in buckets if b.state is BucketState.FAILED]
+    """Ready when every configured bucket is warm at every batch size; else why not (failed, loading,
+    compiling k of n)."""
+    warm, total, failed = warm_buckets(buckets)
     where = f"{model} ({mode})"
     if failed:
         # a replica that cannot run a configured bucket would fail visitors' requests: keep it out
@@ -76,9 +85,9 @@ class ReadinessCheck:
         parts = []
         for mode in ExecutionMode:
             configured = len(self.engine.configured_shapes(model, mode))
-            warm = sum(1 for b in self.engine.buckets_for(model, mode)[:configured] if b.state is BucketState.WARM)
+            warm, total, _ = warm_buckets(self.engine.buckets_for(model, mode)[:configured])
             if warm:
-                parts.append(f"{mode.value}: {warm} of {configured} buckets warm")
+                parts.append(f"{mode.value}: {warm} of {total} buckets warm")
         return ", ".join(parts) or "no bucket warm"
 
     def _current(self) -> Readiness:

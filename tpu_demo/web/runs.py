@@ -149,11 +149,11 @@ class Runs:
 
     def supervise(self, request: Any, generation: GenerationRequest,
                   start: Callable[[GenerationRequest, threading.Event], Iterator[Any]], failure: str,
-                  images: int | None = None) -> Iterator[Any]:
+                  files: Any = None, images: int | None = None) -> Iterator[Any]:
         """The skeleton every device handler shares: claim the run, pass the engine's events on, end with
         one log line. After a ``Stopped`` event (the handler shows what finished) it raises the error
         telling how many images were done. ``images``: the run's count when it is not the request's
-        (Compare: one per mode)."""
+        (Compare: one per mode); ``files``: the handler's ``RequestFiles`` (its encode time is logged)."""
         run = self.claim(request, replace(generation, num_images=images) if images else generation)
         outcome = error = None
         try:
@@ -170,6 +170,7 @@ class Runs:
             outcome, error = "failed", str(failed)
             raise user_error(str(failed), failure) from None
         finally:
+            run.record.encode_seconds = getattr(files, "encode_seconds", 0.0)
             self.finish(run, outcome, error)
 
     def claim(self, request: Any, generation: GenerationRequest) -> Run:
@@ -186,6 +187,7 @@ class Runs:
                           client_host=getattr(getattr(request, "client", None), "host", None), order=next(self._order))
                 self._runs[run.ticket] = run
             run.started = time.monotonic()
+        run.record.started = time.perf_counter()
         run.record.request = generation
         run.record.queue_wait_seconds = round(run.started - run.joined, 4)
         if self.shutting_down:
