@@ -53,7 +53,10 @@ def make_engine(models_dir):
     engines = []
 
     def make(**overrides):
-        config = EngineConfig(**{"models_dir": models_dir, "cpu_compile_backend": "aot_eager", **overrides})
+        # batch 1 unless a test asks (the product default, each model's catalog max_batch, triples every
+        # warmup; tests/test_batching.py runs it)
+        config = EngineConfig(**{"models_dir": models_dir, "cpu_compile_backend": "aot_eager", "max_batch": 1,
+                                 **overrides})
         engine = Engine(config, detect_device())
         engines.append(engine)
         return engine
@@ -64,8 +67,11 @@ def make_engine(models_dir):
 
 
 def start_app(cache_dir: Path, *flags: str):
-    """The real app with the test suite's cache and the fast compile backend; returns (app, url)."""
-    return app_runner.start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", *flags)
+    """The real app with the test suite's cache and the fast compile backend; returns (app, url). Batch 1
+    unless the test's flags say otherwise (a later flag wins): the default, ``--max-batch auto``, warms
+    every bucket at 1, 2 and 4, three times the suite's warmups; tests/test_batching.py runs it."""
+    return app_runner.start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", "--max-batch", "1",
+                                *flags)
 
 
 @pytest.fixture

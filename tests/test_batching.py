@@ -190,6 +190,25 @@ def test_zero_compiles_after_warmup_with_batching(make_engine):
     assert engine.counter.count == after_warmup
 
 
+def test_batching_is_on_by_default_at_each_models_catalog_size(make_engine):
+    """No flag: ``--max-batch auto``, each model's catalog ``max_batch`` (tiny models 4, FLUX.1-schnell 2,
+    FLUX.2-dev 1); warmup warms each of its sizes, and four images of one request share one call."""
+    from tpu_demo.core.buckets import Bucket
+    from tpu_demo.engine.engine import EngineConfig
+    from tpu_demo.launch.config import parse_config
+
+    assert parse_config([], environ={}).max_batch == EngineConfig.max_batch == 0  # auto
+    engine = make_engine(max_batch=EngineConfig.max_batch)
+    assert [engine.batch_sizes_for(m) for m in ("tiny-flux", "sd3.5-medium", "flux.1-schnell", "flux.2-dev")] == [
+        (1, 2, 4), (1, 2, 4), (1, 2), (1,)]
+    statuses = engine.warmup("tiny-flux", ExecutionMode.COMPILED, buckets=(Bucket.parse("64x64"),))
+    assert [(s.batch, s.state) for s in statuses] == [(n, BucketState.WARM) for n in (1, 2, 4)]
+    after_warmup = engine.counter.count
+    request = validate_request(request_fields(mode="compiled", resolution="64x64", num_images=4))
+    results = [e for e in engine.generate(request) if isinstance(e, ImageResult)]
+    assert [e.timings["batch"] for e in results] == [4] * 4 and engine.counter.count == after_warmup
+
+
 def test_round_robin_between_requests(make_engine):
     """Batch 1: a request of 4 images and one of 1 queued behind it: the single image comes
     second, not fifth."""

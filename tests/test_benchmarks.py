@@ -116,9 +116,16 @@ def test_smoke_run_emits_every_figure(tmp_path):
     assert figures["throughput"]["images"] == 2 and figures["throughput"]["errors"] == []
     load = figures["load"]["configs"]  # 1 and 2 clients, batching off and on, one request each (smoke)
     assert sorted((row["clients"], row["max_batch"], row["client"]) for row in load.values()) == sorted(
-        (n, batch, kind) for n in (1, 2) for batch in (1, 4) for kind in ("http", "gradio_client"))
+        [(n, batch, kind) for n in (1, 2) for batch in (1, 4) for kind in ("http", "gradio_client")]
+        + [(n, 1, "floor") for n in (1, 2)])  # the same raw-HTTP visitors against Gradio's floor
     assert all(row["images"] == row["clients"] and row["error_count"] == 0 for row in load.values())
     assert all(row["server_cpu_ms_per_image"] > 0 and row["client_cpu_ms_per_image"] > 0 for row in load.values())
+    # the request path against its floor, each target with its figure, and where the time went
+    targets = figures["load"]["targets"]
+    assert {"figure", "goal", "met"} <= set(targets["one visitor at the default settings / bare calls"])
+    stages = targets["one_visitor_stages_ms"]
+    assert set(stages) == {"admission", "queue", "engine_handoff", "device", "png_encode_write", "after_last_image"}
+    assert stages["device"] > 0 and stages["png_encode_write"] > 0 and targets["floor_ms_per_request"] > 0
     restart = figures["restart"]
     assert restart["cold"]["all_warm"] and restart["with_cache"]["all_warm"] and restart["ratio"] > 0
     # the smoke compiles with aot_eager, which keeps no persistent cache: the status says "unknown", not "hit"

@@ -55,7 +55,7 @@ class Replica:
                 [sys.executable, "app.py", "--port", str(self.port), "--cache-dir", str(self.workdir / f"cache-{self.name}"),
                  "--model", "tiny-flux", "--compile-backend", "aot_eager", "--threads", "1",
                  # every visitor reaches the replicas from 127.0.0.1 here; 16 images make a long job
-                 "--max-per-ip", "0", "--max-images", "16", *flags],
+                 "--max-per-ip", "0", "--max-images", "16", "--max-batch", "1", *flags],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         return self
 

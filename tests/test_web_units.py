@@ -169,3 +169,17 @@ def test_stop_reaches_only_the_owners_oldest_run(make_engine):
     assert not mine.stop_flag.is_set()
     ui.stop(caller("mine"))
     assert mine.stop_flag.is_set() and (later is None or not later.stop_flag.is_set())
+
+
+def test_a_bucket_is_ready_when_every_batch_size_of_it_is_warm():
+    from tpu_demo.core.events import BucketState, BucketStatus
+    from tpu_demo.web.readiness import bucket_readiness
+
+    def shape(resolution: str, batch: int, state: BucketState) -> BucketStatus:
+        return BucketStatus(model="tiny-flux", mode="compiled", resolution=resolution, batch=batch, state=state)
+
+    sizes = [shape(r, n, BucketState.WARM) for n in (1, 2) for r in ("64x64", "128x128")]
+    assert bucket_readiness(sizes, True, "tiny-flux", "compiled").reason == "ready: 2 of 2 buckets of tiny-flux (compiled) warm"
+    sizes[-1] = shape("128x128", 2, BucketState.COMPILING)
+    verdict = bucket_readiness(sizes, True, "tiny-flux", "compiled")
+    assert not verdict.ready and verdict.reason.endswith("; 1 warm")
