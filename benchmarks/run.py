@@ -113,7 +113,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     flags = ["--port", str(port), "--cache-dir", str(args.main_cache_dir), "--model", args.model, "--models", args.model,
              "--buckets", bucket_text, "--mode", "compiled", "--compile-backend", args.compile_backend, "--no-warmup",
-             "--max-queue", str(max(64, 2 * args.clients)), "--max-batch", "4", "--max-per-ip", "0"]
+             "--max-queue", str(max(64, 2 * args.clients)), "--max-per-ip", "0"]
     if threads:
         flags += ["--threads", str(threads)]
     if args.device:

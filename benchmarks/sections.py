@@ -294,16 +294,27 @@ def measure_throughput(bench: Bench, bare_image_s: float) -> dict[str, Any]:
 
 
 def measure_load_section(bench: Bench) -> dict[str, Any]:
-    """1, 4, 16 clients (smoke: 1, 2), batching off and on, raw HTTP and gradio_client clients,
-    interleaved (benchmarks/throughput.py)."""
+    """1, 4, 16 clients (smoke: 1, 2), batching off and on (the default), raw HTTP and gradio_client
+    clients, and raw HTTP against Gradio's floor (benchmarks/floor_app.py), interleaved
+    (benchmarks/throughput.py)."""
+    from benchmarks.floor_app import start_floor, stop_floor
+    from benchmarks.load_clients import INPUTS
     from benchmarks.throughput import measure_load
     from tpu_demo.core.modes import ExecutionMode
+    from tpu_demo.launch.serve import generate_concurrency
 
     bench.engine.warmup(bench.spec.id, ExecutionMode.COMPILED, buckets=(bench.bucket,))  # every batch size
     clients = (1, 2) if bench.args.smoke else (1, 4, 16)
     rounds, per_client = (1, 1) if bench.args.smoke else (3, 8)
-    return measure_load(bench.url, bench.engine, bench.fields(seed=0), lambda seed: bench.bare_call(seed),
-                        clients, per_client, rounds, bench.engine.max_batch)
+    port = free_port()
+    floor, work = start_floor(INPUTS, generate_concurrency(bench.engine.max_batch),
+                              bench.app.config.queue_poll_seconds, port)
+    try:
+        return measure_load(bench.url, bench.engine, bench.fields(seed=0), lambda seed: bench.bare_call(seed),
+                            clients, per_client, rounds, bench.engine.max_batch,
+                            floor_url=f"http://127.0.0.1:{port}/")
+    finally:
+        stop_floor(floor, work)
 
 
 def measure_restart(args: argparse.Namespace, work_dir: Path, buckets: str) -> dict[str, Any]:

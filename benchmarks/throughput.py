@@ -231,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--mode", default="compiled")
     parser.add_argument("--compile-backend", default="inductor")
-    parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument("--max-batch", type=int, default=4, help="the batching-on side (the app's default: the "
+                        "model's catalog max_batch, 4 for the tiny models)")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--client-kinds", default="http,gradio_client",
                         help="which clients to run (benchmarks/load_clients.py): http (raw HTTP), gradio_client, "
@@ -261,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tpu_demo.core.modes import ExecutionMode
     from tpu_demo.device import execution_mode, synchronize
     from tpu_demo.launch.config import parse_config
-    from tpu_demo.launch.serve import build_app, launch
+    from benchmarks.floor_app import start_floor, stop_floor
+    from benchmarks.load_clients import INPUTS
+    from tpu_demo.launch.serve import build_app, generate_concurrency, launch
     from tpu_demo.web.gradio_internals import set_queue_polling
 
     port = free_port()
@@ -288,11 +291,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         fields = dict(prompt=PROMPT, model=args.model, mode=args.mode, resolution=args.resolution,
                       num_inference_steps=args.steps, guidance_scale=spec.default_guidance, num_images=1,
                       previews=False)
-        result = measure_load(f"http://127.0.0.1:{port}/", app.engine, fields, bare_call,
-                              tuple(int(n) for n in args.clients.split(",")), args.requests_per_client, args.rounds,
-                              args.max_batch, tuple(args.client_kinds.split(",")),
-                              polls=tuple(float(x) for x in args.queue_polls.split(",") if x),
-                              set_poll=lambda seconds: set_queue_polling(app.demo, seconds))
+        floor_port = free_port()
+        floor, work = start_floor(INPUTS, generate_concurrency(args.max_batch), app.config.queue_poll_seconds,
+                                  floor_port)
+        try:
+            result = measure_load(f"http://127.0.0.1:{port}/", app.engine, fields, bare_call,
+                                  tuple(int(n) for n in args.clients.split(",")), args.requests_per_client,
+                                  args.rounds, args.max_batch, tuple(args.client_kinds.split(",")),
+                                  polls=tuple(float(x) for x in args.queue_polls.split(",") if x),
+                                  set_poll=lambda seconds: set_queue_polling(app.demo, seconds),
+                                  floor_url=f"http://127.0.0.1:{floor_port}/")
+        finally:
+            stop_floor(floor, work)
     finally:
         app.demo.close()
         app.engine.close()

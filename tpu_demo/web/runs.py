@@ -281,13 +281,14 @@ class Runs:
         return len(self._select(lambda run: not run.on_device))
 
     def _watch_deadlines(self) -> None:
-        """Stop runs past their time limit; forget stopped runs no handler claimed (Gradio dropped their
-        events: a cancel or a closed stream) once a handler can no longer be on its way to them."""
+        """Stop runs past their time limit; forget runs Gradio dropped unclaimed (a cancel or a closed
+        stream) once a handler can no longer be on its way to them. A run stopped by Stop while waiting
+        stays until its handler claims it and ends at once."""
         while True:
             time.sleep(self.settings.poll_seconds)
             now = time.monotonic()
             for run in self._select(lambda run: run.deadline is not None and now > run.deadline):
                 run.stop(StopReason.TIMEOUT)
-            for run in self._select(lambda run: run.started is None and run.stopped_at is not None
+            for run in self._select(lambda run: run.started is None and run.stop_reason is StopReason.DISCONNECTED
                                     and now - run.stopped_at > UNCLAIMED_STOPPED_SECONDS):
                 self.drop_unclaimed(run.ticket)
