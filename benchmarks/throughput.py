@@ -109,7 +109,10 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
     totals = {config: {"seconds": 0.0, "images": 0, "latencies": [], "errors": [], "server_cpu": 0.0,
                        "client_cpu": 0.0, "stages": []} for config in configs}
     logs = RequestLines()
-    logging.getLogger("tpu_demo.requests").addHandler(logs)
+    request_log = logging.getLogger("tpu_demo.requests")
+    level = request_log.level
+    request_log.setLevel(logging.INFO)  # the app's request lines are INFO; unconfigured logging drops them
+    request_log.addHandler(logs)
     bare_seconds = bare_images = 0.0
     load = []
     for round_index in range(rounds):
@@ -139,7 +142,8 @@ def measure_load(url: str, engine: Any, fields: dict[str, Any], bare_call: Calla
             total["server_cpu"] += burst["server_cpu_seconds"]
             total["client_cpu"] += burst["client_cpu_seconds"]
         load.append(os.getloadavg()[0])
-    logging.getLogger("tpu_demo.requests").removeHandler(logs)
+    request_log.removeHandler(logs)
+    request_log.setLevel(level)
     engine.set_max_batch(max_batch)
     if polls:
         set_poll(polls[0])
