@@ -93,7 +93,11 @@ def test_default_start_is_the_trained_tiny_shapes_model(served_app):
     client = Client(url, verbose=False)
     api = client.view_api(return_format="dict", print_info=False)
     defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
-    assert (defaults["model"], defaults["resolution"], defaults["num_inference_steps"]) == ("tiny-shapes", "64x64", 12)
+    # the model is the start model; its settings are "the chosen model's" (None), here tiny-shapes' 64x64, 12 steps
+    assert (defaults["model"], defaults["resolution"], defaults["num_inference_steps"]) == ("tiny-shapes", None, None)
+    (left_out,), _ = client.predict(prompt="a large red circle", num_images=1, previews=False, api_name="/generate")
+    parameters = Image.open(left_out["image"]).info["parameters"]
+    assert "Steps: 12," in parameters and "Size: 64x64," in parameters, parameters
     result, _ = client.predict(prompt="a large red circle in the center on a white background", model="tiny-shapes",
                             mode="eager", resolution="64x64", num_inference_steps=12, guidance_scale=3.0, seed=0,
                             num_images=1, previews=False, api_name="/generate")

@@ -1,10 +1,10 @@
 """What a caller leaves out is the chosen model's default, not the start model's.
 
 Every door builds one ``GenerationRequest`` from named inputs (``core.request.validate_request``): the
-check itself for every catalog model (the resolution is required there), and a real ``gradio_client``
-call for every tiny model that names the model and leaves its settings out (the API's
-``/generate_images``, the MCP tool's endpoint, which fills the resolution with the model's first bucket),
-read back from the reproduce link of the image it made.
+check itself for every catalog model (the resolution is required there), and real ``gradio_client``
+calls for every tiny model that name the model and leave its settings out (``/generate``, what the page's
+Generate runs, and ``/generate_images``, the MCP tool's endpoint; both fill the resolution with the model's
+first bucket), read back from the settings of the image each made.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from gradio_client import Client
 
 from tpu_demo.core.catalog import CATALOG, get_spec
 from tpu_demo.core.links import request_from_link
+from tpu_demo.core.pngmeta import read_settings_file
 from tpu_demo.core.request import GENERATE_INPUTS, RequestError, named_inputs, validate_request
 
 TINY_MODELS = ("tiny-shapes", "tiny-flux", "tiny-sd3", "tiny-flux2")
@@ -60,3 +61,10 @@ def test_gradio_client_call_naming_each_tiny_model_runs_at_that_models_defaults(
         assert ran.model == model
         assert (ran.resolution, ran.num_inference_steps, ran.guidance_scale, ran.upsample_prompt, ran.style,
                 ran.style_scale) == _defaults(model), (model, text)
+        (image,), _ = client.predict(prompt="a red circle on a white background", model=model, num_images=1,
+                                     previews=False, api_name="/generate")
+        settings = read_settings_file(image["image"])
+        assert settings["model"] == model
+        assert (settings["resolution"], settings["num_inference_steps"], settings["guidance_scale"],
+                settings["upsample_prompt"], settings.get("style") or "", settings.get("style_scale", 1.0)) \
+            == _defaults(model), (model, settings)

@@ -12,7 +12,7 @@ from starlette.middleware import Middleware
 from tpu_demo.web import gradio_internals
 from tpu_demo.web.admission import AdmissionLimits
 from tpu_demo.web.guard import Guard, event_table
-from tpu_demo.web.mcp_tools import TOOLS
+from tpu_demo.web.api import TOOLS
 from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig

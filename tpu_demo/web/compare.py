@@ -18,13 +18,10 @@ from tpu_demo.core.comparison import ComparePhase, Comparison, ModeRun
 from tpu_demo.core.events import ImageResult, Stopped
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import validate_request
-from tpu_demo.web.outputs import RequestFiles
+from tpu_demo.web.outputs import RequestFiles, gallery_data
 
 if TYPE_CHECKING:
     from tpu_demo.web.handlers import PageHandlers
-
-#: the public endpoint (gradio_client: api_name="/compare_modes")
-COMPARE_API = "compare_modes"
 
 EMPTY_SUMMARY = ("<p class='compare-empty'>Compare runs your prompt with the same seed in all three ways to run "
                  "diffusers on a TPU and shows how much faster each is.</p>")
@@ -70,7 +67,8 @@ def summary_html(comparison: Comparison) -> str:
 
 
 class CompareHandler:
-    """The Compare button and ``/compare_modes``: runs like Generate's (the page's ``Runs``)."""
+    """The Compare button and ``/compare_modes``: runs like Generate's (the page's ``Runs``); it yields what
+    Gradio sends (``gallery_data``: the event has ``postprocess=False``, as Generate's)."""
 
     def __init__(self, page: "PageHandlers"):
         self.page = page
@@ -97,13 +95,13 @@ class CompareHandler:
                     elif isinstance(event, ImageResult):
                         title = ExecutionMode(event.parameters["mode"]).title
                         gallery.append((files.save(event.image, event.parameters["mode"]), f"{title} (timing others...)"))
-                        yield list(gallery), gr.skip(), gr.skip()
+                        yield gallery_data(gallery), EMPTY_SUMMARY, None  # the figures come with the last mode
                     elif isinstance(event, Stopped):
                         # like Generate: the finished modes stay on the page, and the run's next step raises
                         # the error saying how many of the three were finished
-                        yield list(gallery), EMPTY_SUMMARY, None
+                        yield gallery_data(gallery), EMPTY_SUMMARY, None
                     elif isinstance(event, Comparison):
                         final = [(path, caption(mode_run)) for (path, _), mode_run in zip(gallery, event.runs)]
-                        yield final, summary_html(event), event.as_dict()
+                        yield gallery_data(final), summary_html(event), event.as_dict()
         finally:
             files.remove()

@@ -42,6 +42,11 @@ class UiSettings:
     #: device thread is what runs one pipeline call at a time
     generate_concurrency: int = 1
 
+    @property
+    def start_images(self) -> int:
+        """How many images a generation makes unless the caller says (the page's slider starts there)."""
+        return min(2, self.limits.max_images)
+
 
 #: Example prompts the page lists under the prompt box, at most (the first lines of the file).
 MAX_EXAMPLES = 16

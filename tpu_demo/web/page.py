@@ -11,23 +11,20 @@ from tpu_demo.core.request import COMPARE_INPUTS, GENERATE_INPUTS, MAX_SEED
 from tpu_demo.core.styles import default_scale
 from tpu_demo.web import chart
 from tpu_demo.web.about import about_markdown
-from tpu_demo.web.compare import COMPARE_API, EMPTY_SUMMARY, CompareHandler
+from tpu_demo.web.api import (COMPARE_API, COMPARE_CONCURRENCY_ID, DEVICE_CONCURRENCY_ID, DEVICE_TOOLS, GENERATE_API,
+                              ApiEndpoints)
+from tpu_demo.web.compare import EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.gradio_internals import hide_from_mcp
-from tpu_demo.web.mcp_tools import COMPARE_TOOL, DEVICE_TOOLS, GENERATE_TOOL, MODELS_TOOL, McpTools
 from tpu_demo.web.outputs import NO_PREVIEW
 from tpu_demo.web.styles import style_controls, style_examples, style_updates
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
-#: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
-DEVICE_CONCURRENCY_ID = "device"
-#: one comparison at a time (it runs the request in every mode), beside the generate handlers
-COMPARE_CONCURRENCY_ID = "compare"
-#: the public endpoint (gradio_client: api_name="/generate")
-GENERATE_API = "generate"
-#: every endpoint that runs the device (the MCP tools' too): admission limits apply to them together
-GUARDED_APIS = (GENERATE_API, COMPARE_API, *DEVICE_TOOLS)
+#: the page's own events of the device handlers (private: programs call /generate and /compare_modes)
+PAGE_GENERATE, PAGE_COMPARE = "page_generate", "page_compare"
+#: every endpoint that runs the device: admission limits apply to them together
+GUARDED_APIS = (PAGE_GENERATE, PAGE_COMPARE, GENERATE_API, COMPARE_API, *DEVICE_TOOLS)
 
 
 def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
@@ -47,7 +44,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                 resolution = gr.Dropdown(label="Resolution", choices=handlers.resolution_choices(spec),
                                          value=str(spec.buckets[0]), elem_id="resolution", render=False)
                 num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
-                                       step=1, value=min(2, settings.limits.max_images), elem_id="num-images",
+                                       step=1, value=settings.start_images, elem_id="num-images",
                                        render=False)
                 prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
                                     placeholder="Describe the image, then press Enter",
@@ -137,7 +134,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs_kwargs={name: controls[name] for name in GENERATE_INPUTS},
-            outputs=[gallery, live_preview], api_name=GENERATE_API, preprocess=False,
+            outputs=[gallery, live_preview], api_name=PAGE_GENERATE, api_visibility="private", preprocess=False,
             postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
@@ -150,7 +147,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             api_visibility="private",
         ).then(
             comparer.compare_modes, inputs_kwargs={name: controls[name] for name in COMPARE_INPUTS},
-            outputs=[compare_gallery, compare_summary, compare_figures], api_name=COMPARE_API, preprocess=False,
+            outputs=[compare_gallery, compare_summary, compare_figures], api_name=PAGE_COMPARE,
+            api_visibility="private", preprocess=False, postprocess=False,
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
@@ -169,18 +167,15 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                            queue=False, show_progress="hidden")
         demo.unload(history.drop)
         stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
+        hide_from_mcp(handlers.stop)  # public for gradio_client callers, not an MCP tool
         copy_link.click(share.link_query, [gallery, selected], [link_box], api_visibility="private", queue=False).then(
             None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
         demo.load(share.open_link, [page_query], [prompt, model, mode, resolution, steps, guidance, seed, randomize,
                                                   header, details, upsample, negative_prompt, num_images, style,
                                                   style_scale, link_note, generate_this],
                   js=QUERY_JS, api_visibility="private", queue=False)
-        # the MCP tools (Gradio's MCP server serves every public endpoint as one), unqueued: Gradio calls
-        # them in-process with the caller's own request, after the guard admitted them; the page's own
-        # endpoints stay in the API and are not tools
-        hide_from_mcp(handlers.generate, comparer.compare_modes, handlers.stop)
-        for tool, name in zip(McpTools(handlers, comparer, gallery).build(), (GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL)):
-            gr.api(tool, api_name=name, queue=False)
+        # /generate, /compare_modes and the MCP tools: the endpoints programs call (web/api.py)
+        ApiEndpoints(handlers, comparer, gallery).add()
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details, upsample],
                     api_visibility="private", queue=False)
         model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],

@@ -1,13 +1,13 @@
-"""The MCP tools (Gradio's MCP server turns each public ``gr.api`` endpoint into one): generate images,
-compare modes, list models.
+"""The endpoints programs call, each a ``gr.api`` function: ``/generate`` and ``/compare_modes`` (what
+the page's buttons run, streamed the same way) and the MCP tools (Gradio's MCP server lists each public
+``gr.api`` endpoint it is not told to hide): generate images, compare modes, list models.
 
-Each tool's docstring (its description and argument schema) is written for this server when the page
-is built. The device tools run in-process through the page's own handlers (validation naming the
-field, the run registry, one log line) and answer with one text: what ran, each PNG's URL, its link.
+Every setting an endpoint takes defaults to None ("the chosen model's default"), so a caller who names a
+model and leaves its settings out runs at that model's defaults. The device endpoints run through the
+page's own handlers (validation naming the field, the run registry, one log line).
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: gr.api reads each endpoint's outputs from its return annotation
 import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -18,22 +18,30 @@ from gradio import route_utils
 from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import MAX_SEED, RequestError, check_model, named_inputs, validate_request
+from tpu_demo.core.request import (COMPARE_INPUTS, GENERATE_INPUTS, MAX_SEED, RequestError, check_model, named_inputs,
+                                   validate_request)
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE
+from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import user_error
 
 if TYPE_CHECKING:
     from tpu_demo.web.compare import CompareHandler
     from tpu_demo.web.handlers import PageHandlers
 
-#: the tools' endpoint names (= tool names); the first two run the device and are admission-guarded
+#: the endpoints gradio_client callers use, beside the page's own (private) events of the same handlers
+GENERATE_API, COMPARE_API = "generate", "compare_modes"
+#: the tools' endpoint names (= tool names); the first two run the device
 GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL = "generate_images", "compare_execution_modes", "list_models"
 DEVICE_TOOLS = (GENERATE_TOOL, COMPARE_TOOL)
-#: the tools' arguments whose None (their default) means "the chosen model's default"
-LEFT_OUT_WHEN_NULL = frozenset({"resolution", "num_inference_steps", "guidance_scale", "style", "style_scale",
-                                "upsample_prompt"})
 #: every tool the MCP door answers (the guard refuses a call to any other endpoint)
 TOOLS = (*DEVICE_TOOLS, MODELS_TOOL)
+#: the arguments whose None (their default) means "the chosen model's default"
+LEFT_OUT_WHEN_NULL = frozenset({"resolution", "num_inference_steps", "guidance_scale", "style", "style_scale",
+                                "upsample_prompt"})
+#: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
+DEVICE_CONCURRENCY_ID = "device"
+#: one comparison at a time (it runs the request in every mode), beside the generate handlers
+COMPARE_CONCURRENCY_ID = "compare"
 
 
 def _root_url(request: Any) -> str:
@@ -56,9 +64,9 @@ def _plain_errors(tool: Callable[..., str], *args: Any) -> str:
         raise ToolError(error.message) from None
 
 
-class McpTools:
-    """The three tools around the page's handlers; ``keeper`` is a page component whose Gradio cache
-    keeps the images served (cleaned with the rest of the cache by ``delete_cache``)."""
+class ApiEndpoints:
+    """The endpoints around the page's handlers; ``keeper`` is a page component whose Gradio cache
+    keeps the MCP tools' images served (cleaned with the rest of the cache by ``delete_cache``)."""
 
     def __init__(self, handlers: "PageHandlers", comparer: "CompareHandler", keeper: gr.components.Component):
         self.handlers, self.comparer, self.keeper = handlers, comparer, keeper
@@ -104,7 +112,8 @@ class McpTools:
                 lambda s: f"{s.min_steps}-{s.max_steps}, default {s.default_steps}") + "); default: the model's.",
             "guidance_scale": "guidance scale (" + self._per_model(guidance) + "); default: the model's.",
             "seed": f"0-{MAX_SEED}; image i uses seed + i; default 0.",
-            "num_images": f"1-{limits.max_images}; default 1.",
+            "num_images": f"1-{limits.max_images}; default {settings.start_images} (the tool's: 1).",
+            "previews": "stream live previews of the image denoising now; default true.",
             "style": (f"a style adapter (LoRA, swapped on the warm graph without recompiling) by name, or {NO_STYLE!r} "
                       "for none; per model: " + self._per_model(styles) + f"; default {NO_STYLE!r}."),
             "style_scale": (f"the style's strength, {STYLE_SCALE_RANGE[0]}-{STYLE_SCALE_RANGE[1]} (0 draws as no style; "
@@ -122,9 +131,60 @@ class McpTools:
         return (summary + "\n\nArgs:\n" + "\n".join(f"    {name}: {docs[name]}" for name in names)
                 + f"\n\nReturns:\n    {returns}")
 
-    # ---- the tools -----------------------------------------------------------------------------
-    def build(self) -> tuple[Callable, Callable, Callable]:
-        """The three tool functions (for ``gr.api``), their docstrings written for this server."""
+    # ---- the endpoints --------------------------------------------------------------------------
+    def add(self) -> None:
+        """Add every endpoint to the Blocks being built (``gr.api``), their docstrings written for this server.
+        ``/generate`` and ``/compare_modes`` are queued like the page's buttons; the MCP tools are not, so
+        Gradio calls them in-process with the caller's own request (the guard admitted them)."""
+        settings = self.handlers.settings
+        generate, compare = self._generate_endpoint(), self._compare_endpoint()
+        hide_from_mcp(generate, compare)  # MCP callers have generate_images and compare_execution_modes
+        gr.api(generate, api_name=GENERATE_API, concurrency_id=DEVICE_CONCURRENCY_ID,
+               concurrency_limit=settings.generate_concurrency)
+        gr.api(compare, api_name=COMPARE_API, concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1)
+        for name, tool in zip(TOOLS, self._tools()):
+            gr.api(tool, api_name=name, queue=False)
+
+    def _generate_endpoint(self) -> Callable:
+        handlers, start = self.handlers, self.handlers.settings
+
+        # the return annotation is the endpoint's outputs (gallery, live preview), yielded per update
+        def generate(prompt: str = "", model: str = start.start_model, mode: str = start.start_mode.value,
+                     resolution: str | None = None, num_inference_steps: int | None = None,
+                     guidance_scale: float | None = None, seed: int = 0, num_images: int = start.start_images,
+                     previews: bool = True, negative_prompt: str = "", style: str | None = None,
+                     style_scale: float | None = None, upsample_prompt: bool | None = None,
+                     request: gr.Request = None) -> tuple[list, str]:
+            yield from handlers.generate(request=request, **self._named(dict(
+                prompt=prompt, model=model, mode=mode, resolution=resolution, num_inference_steps=num_inference_steps,
+                guidance_scale=guidance_scale, seed=seed, num_images=num_images, previews=previews,
+                negative_prompt=negative_prompt, style=style, style_scale=style_scale, upsample_prompt=upsample_prompt)))
+
+        generate.__doc__ = self._doc(
+            "What the page's Generate runs: images streamed as they finish, with live previews while denoising.",
+            GENERATE_INPUTS, "gallery: every finished image (a PNG carrying its settings) with its caption; "
+            "live preview: the image denoising now, as inline HTML (empty between images).")
+        return generate
+
+    def _compare_endpoint(self) -> Callable:
+        comparer, start = self.comparer, self.handlers.settings
+
+        def compare_modes(prompt: str = "", negative_prompt: str = "", model: str = start.start_model,
+                          resolution: str | None = None, num_inference_steps: int | None = None,
+                          guidance_scale: float | None = None, seed: int = 0, style: str | None = None,
+                          style_scale: float | None = None, upsample_prompt: bool | None = None,
+                          request: gr.Request = None) -> tuple[list, str, dict]:
+            yield from comparer.compare_modes(request=request, **self._named(dict(
+                prompt=prompt, negative_prompt=negative_prompt, model=model, resolution=resolution,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed, style=style,
+                style_scale=style_scale, upsample_prompt=upsample_prompt)))
+
+        compare_modes.__doc__ = self._doc(
+            "What the page's Compare modes runs: the prompt and seed in every execution mode, streamed.",
+            COMPARE_INPUTS, "gallery: one image per mode; summary: the figures as HTML; figures: the same as JSON.")
+        return compare_modes
+
+    def _tools(self) -> tuple[Callable, Callable, Callable]:
         start_model, start_mode = self.handlers.settings.start_model, self.handlers.settings.start_mode.value
 
         def generate_images(prompt: str, model: str = start_model, mode: str = start_mode, resolution: str = "",
@@ -227,12 +287,12 @@ class McpTools:
         root = _root_url(request)
         lines = [f"Compared on {self.engine.device.badge}, warm against warm, fastest of {figures['timed_rounds']} "
                  f"timed rounds per mode:"]
-        for (path, _), run in zip(gallery, figures["modes"]):
+        for item, run in zip(gallery, figures["modes"]):
             bucket = "warm" if run["warm_before"] else f"cold, warmed first in {run['warmup_seconds'] or 0:.2f} s"
             lines.append(f"{run['mode']} ({run['description']}): {run['denoise_seconds']:.3f} s, "
                          f"{run['steps_per_second']:.1f} steps/s, {run['speedup_vs_strict_eager']:.2f}x strict eager, "
                          f"max pixel diff {run['max_pixel_difference']}, bucket {bucket}\n"
-                         f"  png: {root}/gradio_api/file={self._keep(path)}")
+                         f"  png: {root}/gradio_api/file={self._keep(item['image']['path'])}")
         for group in figures["same_code"]:
             lines.append(f"Same code on this device: {' and '.join(group)} (their difference is noise).")
         return "\n".join(lines)
