@@ -68,3 +68,15 @@ def test_gradio_client_call_naming_each_tiny_model_runs_at_that_models_defaults(
         assert (settings["resolution"], settings["num_inference_steps"], settings["guidance_scale"],
                 settings["upsample_prompt"], settings.get("style") or "", settings.get("style_scale", 1.0)) \
             == _defaults(model), (model, settings)
+
+
+def test_compare_modes_naming_a_model_runs_every_mode_at_that_models_defaults(launch_app):
+    """``/compare_modes`` the same way: tiny-sd3 (guidance 4.5) named on a tiny-flux (guidance 0.0) server."""
+    app, url = launch_app("--no-warmup", "--model", "tiny-flux", "--models", "tiny-flux,tiny-sd3")
+    gallery, _, figures = Client(url, verbose=False).predict(prompt="a red circle on a white background",
+                                                             model="tiny-sd3", api_name="/compare_modes")
+    assert len(gallery) == len(figures["modes"]) == 3
+    for item in gallery:
+        settings = read_settings_file(item["image"])
+        assert (settings["model"], settings["resolution"], settings["num_inference_steps"],
+                settings["guidance_scale"]) == ("tiny-sd3", *_defaults("tiny-sd3")[:3]), settings
