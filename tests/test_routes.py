@@ -239,3 +239,13 @@ def test_model_and_mode_switches_cannot_keep_the_device_busy(launch_app):
     print(f"generation before the burst {before:.2f}s, after {after:.2f}s (ratio {after / before:.1f}); "
           f"graphs compiled by the burst: {status.compiles_total - compiles}")
     assert after / before < 10
+
+
+def test_the_pages_own_event_names_a_missing_input_as_the_api_does(served_app):
+    """The page's Generate event (undocumented, by ``fn_index``): a short ``data`` is refused naming the field."""
+    app, url = served_app
+    fn_index = _dependencies(url)[PAGE_GENERATE]["id"]
+    with httpx.Client(base_url=url, timeout=30) as http:
+        posted = http.post("gradio_api/queue/join", json={"data": _generate_data()[:3], "fn_index": fn_index,
+                                                          "session_hash": "page-arity"})
+        assert posted.status_code == 422 and "resolution: missing" in posted.json()["detail"], posted.text

@@ -21,7 +21,8 @@ from tpu_demo.web.outputs import NO_PREVIEW
 from tpu_demo.web.styles import style_controls, style_examples, style_updates
 from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
-#: the page's own events of the device handlers (private: programs call /generate and /compare_modes)
+#: the page's own events of the device handlers (undocumented: programs call /generate and /compare_modes;
+#: the guard names their inputs from the API info all the same)
 PAGE_GENERATE, PAGE_COMPARE = "page_generate", "page_compare"
 #: every endpoint that runs the device: admission limits apply to them together
 GUARDED_APIS = (PAGE_GENERATE, PAGE_COMPARE, GENERATE_API, COMPARE_API, *DEVICE_TOOLS)
@@ -134,7 +135,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
             outputs=[seed], queue=False, api_visibility="private",
         ).then(
             handlers.generate, inputs_kwargs={name: controls[name] for name in GENERATE_INPUTS},
-            outputs=[gallery, live_preview], api_name=PAGE_GENERATE, api_visibility="private", preprocess=False,
+            outputs=[gallery, live_preview], api_name=PAGE_GENERATE, api_visibility="undocumented", preprocess=False,
             postprocess=False,
             concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
         )
@@ -148,7 +149,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         ).then(
             comparer.compare_modes, inputs_kwargs={name: controls[name] for name in COMPARE_INPUTS},
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=PAGE_COMPARE,
-            api_visibility="private", preprocess=False, postprocess=False,
+            api_visibility="undocumented", preprocess=False, postprocess=False,
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
             concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
