@@ -51,15 +51,11 @@ class AdmissionLimits:
 
 
 def busy_reason(limits: AdmissionLimits, session_hash: str | None, client_host: str | None,
-                current: Iterable[QueuedEvent], device_waiting: int = 0) -> str | None:
-    """Why a new request from this client must wait its turn, or None to admit it.
-
-    ``device_waiting``: requests whose handler runs (Gradio counts them running) but none of
-    whose images has reached the device yet; they wait too.
-    """
+                current: Iterable[QueuedEvent]) -> str | None:
+    """Why a new request from this client must wait its turn (``current``: the runs admitted), or None."""
     sessions: Counter[str] = Counter()
     hosts: Counter[str] = Counter()
-    waiting = device_waiting
+    waiting = 0
     for event in current:
         waiting += not event.running
         sessions[event.session_hash] += 1

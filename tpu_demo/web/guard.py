@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection
 from urllib.parse import parse_qs
 
+from starlette.responses import JSONResponse
+
 from tpu_demo.web.admission import MAX_CALL_BODY, EventInputs, arity_error
 from tpu_demo.web.callers import OWNER_COOKIE, RUN_HEADER, owner_of, stop_key
 from tpu_demo.web.runs import Run, Runs, StopReason
@@ -375,17 +377,14 @@ def json_field(body: bytes, name: str) -> Any:
 
 
 async def json_response(send: Send, status: int, payload: dict[str, Any]) -> None:
-    content = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
-                            (b"retry-after", b"10")]})
-    await send({"type": "http.response.body", "body": content})
+    await JSONResponse(payload, status, headers={"retry-after": "10"})({"type": "http"}, _no_body, send)
 
 
 async def tool_error(send: Send, request_id: Any, text: str) -> None:
     """A JSON-RPC answer to ``tools/call``: a tool error with ``text`` (what Gradio's tools return)."""
-    content = json.dumps({"jsonrpc": "2.0", "id": request_id,
-                          "result": {"content": [{"type": "text", "text": text}], "isError": True}}).encode()
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]})
-    await send({"type": "http.response.body", "body": content})
+    answer = {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": text}], "isError": True}}
+    await JSONResponse(answer)({"type": "http"}, _no_body, send)
+
+
+async def _no_body() -> dict[str, Any]:
+    return {"type": "http.disconnect"}

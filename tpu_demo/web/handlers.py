@@ -125,9 +125,10 @@ class PageHandlers:
         self.settings = settings
         self.runs = runs or Runs()
         self.warmup_throttle = warmup_throttle or WarmupThrottle()
-        #: "Reuse settings" and a dropped PNG (web/restore.py)
+        #: "Reuse settings", a dropped PNG, a page opened from a link and "Copy link" (web/restore.py)
         self.restore = SettingsRestore(settings.limits, settings.start_model, self._checked, self._model_controls,
-                                       lambda spec, style, scale: style_updates(engine, spec, style, scale))
+                                       lambda spec, style, scale: style_updates(engine, spec, style, scale),
+                                       engine.style_refusal)
 
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, request: gr.Request = None, progress: gr.Progress = gr.Progress(),

@@ -18,8 +18,8 @@ from tpu_demo.web.handlers import PageHandlers, example_rows
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
+from tpu_demo.web.restore import COPY_JS, QUERY_JS
 from tpu_demo.web.styles import style_controls, style_examples, style_updates
-from tpu_demo.web.share_link import COPY_JS, QUERY_JS, ShareLinks
 
 #: the page's own events of the device handlers (undocumented: programs call /generate and /compare_modes;
 #: the guard names their inputs from the API info all the same)
@@ -32,8 +32,6 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
     history = history or SessionHistory()
     comparer = CompareHandler(handlers)
     settings = handlers.settings
-    share = ShareLinks(settings.limits, handlers._checked, handlers._model_controls, handlers.restore.style_controls,
-                       handlers.engine.style_refusal)
     spec = handlers.engine.spec(settings.start_model)
     modes = [(m.title, m.value) for m in settings.limits.offered_modes]
     # delete_cache: generated files older than an hour are removed hourly (public demos run for weeks)
@@ -169,11 +167,11 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         demo.unload(history.drop)
         stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
         hide_from_mcp(handlers.stop)  # public for gradio_client callers, not an MCP tool
-        copy_link.click(share.link_query, [gallery, selected], [link_box], api_visibility="private", queue=False).then(
-            None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
-        demo.load(share.open_link, [page_query], [prompt, model, mode, resolution, steps, guidance, seed, randomize,
-                                                  header, details, upsample, negative_prompt, num_images, style,
-                                                  style_scale, link_note, generate_this],
+        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, upsample,
+                    negative_prompt, style, style_scale]
+        copy_link.click(handlers.restore.link_query, [gallery, selected], [link_box], api_visibility="private",
+                        queue=False).then(None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
+        demo.load(handlers.restore.open_link, [page_query], [*restored, num_images, link_note, generate_this],
                   js=QUERY_JS, api_visibility="private", queue=False)
         # /generate, /compare_modes and the MCP tools: the endpoints programs call (web/api.py)
         ApiEndpoints(handlers, comparer, gallery).add()
@@ -185,8 +183,6 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         # "Reuse settings" set both, and do not fire .input)
         style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id).styles, name), [model, style],
                     [style_scale], api_visibility="private", queue=False, show_progress="hidden")
-        restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, upsample,
-                    negative_prompt, style, style_scale]
         gallery.select(handlers.restore.remember_selection, None, [selected], api_visibility="private", queue=False)
         reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored,
                            api_visibility="private", queue=False)

@@ -118,11 +118,16 @@ class Runs:
             reason = busy_reason(self.limits, session or None, client_host, counted)
             if reason is not None:
                 return reason
-            run = Run(ticket=secrets.token_urlsafe(18), session=session, session_hash=session_hash, owner=owner,
-                      client_host=client_host, order=next(self._order))
-            self._runs[run.ticket] = run
+            run = self._new_run(session, session_hash, owner, client_host)
         if self.shutting_down:
             run.stop(StopReason.SHUTDOWN)
+        return run
+
+    def _new_run(self, session: str, session_hash: str | None, owner: str | None, client_host: str | None) -> Run:
+        """A run registered under a fresh ticket (the caller holds the lock)."""
+        run = Run(ticket=secrets.token_urlsafe(18), session=session, session_hash=session_hash, owner=owner,
+                  client_host=client_host, order=next(self._order))
+        self._runs[run.ticket] = run
         return run
 
     def joined(self, ticket: str, event_id: str | None) -> None:
@@ -181,11 +186,9 @@ class Runs:
         with self._lock:
             run = self._runs.get(ticket) if ticket else None
             if run is None or run.started is not None:
-                owner = stop_key(getattr(request, "session_hash", None), headers)
-                run = Run(ticket=secrets.token_urlsafe(18), session=owner or "", owner=owner,
-                          session_hash=getattr(request, "session_hash", None),
-                          client_host=getattr(getattr(request, "client", None), "host", None), order=next(self._order))
-                self._runs[run.ticket] = run
+                session_hash = getattr(request, "session_hash", None)
+                owner = stop_key(session_hash, headers)
+                run = self._new_run(owner or "", session_hash, owner, getattr(getattr(request, "client", None), "host", None))
             run.started = time.monotonic()
         run.record.started = time.perf_counter()
         run.record.request = generation
