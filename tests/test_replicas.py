@@ -364,7 +364,10 @@ def test_killing_a_replica_mid_run_fails_only_its_own_requests(cluster):
     with pytest.raises(Exception) as failure:  # the client is told; it does not hang
         jobs["a"].result()
     print(f"the killed replica's job ended with {failure.typename}: {str(failure.value)[:120]}")
-    assert len(jobs["a"].outputs()[-1][0]) < LONG["num_images"]
+    # the images a's visitor got before the kill (the client may list the failed download after them)
+    galleries = [output[0] for output in jobs["a"].outputs() if isinstance(output, (list, tuple)) and output
+                 and isinstance(output[0], list)]
+    assert galleries and len(galleries[-1]) < LONG["num_images"]
     assert _seeds(jobs["b"].outputs()[-1][0]) == [7001 + i for i in range(LONG["num_images"])]
     # once the sync has listed a down, a's visitor is served elsewhere (its stale cookie is hashed in the
     # group); b's keeps its replica
