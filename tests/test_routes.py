@@ -14,7 +14,7 @@ import pytest
 
 from conftest import request_fields
 from support import GOOD, Hook, wait_until
-from tpu_demo.web.api import LEFT_OUT_WHEN_NULL
+from tpu_demo.core.request import MODEL_DEFAULTS
 from tpu_demo.web.page import PAGE_GENERATE
 
 GENERATE_FIELDS = list(request_fields(**GOOD))
@@ -75,7 +75,7 @@ def test_every_generate_field_refuses_hostile_json_on_every_queued_route(served_
                 if field in ("num_inference_steps", "seed", "num_images") and raw == "true":
                     pass  # booleans are refused where integers are expected
                 body = _with_raw(_generate_data(), index, raw)
-                if not (raw == "null" and field in LEFT_OUT_WHEN_NULL):
+                if not (raw == "null" and field in MODEL_DEFAULTS):
                     status, stream = _events(http, "gradio_api/call/generate", body)
                     assert "event: error" in stream and f"{field}:" in stream, (field, raw, stream[-400:])
                     assert "Traceback" not in stream
@@ -88,12 +88,12 @@ def test_every_generate_field_refuses_hostile_json_on_every_queued_route(served_
                     text = "".join(line for line in events.iter_lines() if "process_completed" in line)
                 assert f"{field}:" in text and '"success": false' in text.replace('"success":false', '"success": false')
         assert calls == []  # nothing reached the device
-        for field in sorted(LEFT_OUT_WHEN_NULL):  # the API's null: the chosen model's default
+        for field in sorted(MODEL_DEFAULTS):  # the API's null: the chosen model's default
             status, stream = _events(http, "gradio_api/call/generate", _with_raw(_generate_data(), GENERATE_FIELDS.index(field), "null"))
             assert "event: complete" in stream and ".png" in stream, (field, stream[-400:])
         _good_call(http)
     invalid = [line for line in request_log() if line["outcome"] == "invalid"]
-    assert len(invalid) >= 2 * (len(GENERATE_FIELDS) * len(HOSTILE_VALUES) - len(BOOLEAN_FIELDS)) - len(LEFT_OUT_WHEN_NULL)
+    assert len(invalid) >= 2 * (len(GENERATE_FIELDS) * len(HOSTILE_VALUES) - len(BOOLEAN_FIELDS)) - len(MODEL_DEFAULTS)
 
 
 @pytest.mark.parametrize("data, message", [

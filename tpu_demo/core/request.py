@@ -26,6 +26,15 @@ GENERATE_INPUTS = ("prompt", "model", "mode", "resolution", "num_inference_steps
 #: the named inputs of /compare_modes, in its API's order (it runs every mode, one image each, no previews)
 COMPARE_INPUTS = ("prompt", "negative_prompt", "model", "resolution", "num_inference_steps", "guidance_scale",
                   "seed", "style", "style_scale", "upsample_prompt")
+#: each named input's type as the API endpoints declare it (an endpoint whose default is None adds ``| None``)
+INPUT_TYPES: dict[str, type] = {
+    "prompt": str, "model": str, "mode": str, "resolution": str, "num_inference_steps": int, "guidance_scale": float,
+    "seed": int, "num_images": int, "previews": bool, "negative_prompt": str, "style": str, "style_scale": float,
+    "upsample_prompt": bool}
+#: the inputs whose default depends on the chosen model: an endpoint defaults them to None, and a None
+#: there is left out (``named_inputs``) so that ``validate_request`` fills the model's default
+MODEL_DEFAULTS = frozenset({"resolution", "num_inference_steps", "guidance_scale", "style", "style_scale",
+                            "upsample_prompt"})
 
 
 def named_inputs(inputs: Mapping[str, Any], null_means_left_out: frozenset[str]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ model and leaves its settings out runs at that model's defaults. The device endp
 page's own handlers (validation naming the field, the run registry, one log line).
 """
 
-# no ``from __future__ import annotations``: gr.api reads each endpoint's outputs from its return annotation
+# no ``from __future__ import annotations``: gr.api reads list_models's output type from its return annotation
+import inspect
 import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -18,8 +19,8 @@ from gradio import route_utils
 from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import (COMPARE_INPUTS, GENERATE_INPUTS, MAX_SEED, RequestError, check_model, named_inputs,
-                                   validate_request)
+from tpu_demo.core.request import (COMPARE_INPUTS, GENERATE_INPUTS, INPUT_TYPES, MAX_SEED, MODEL_DEFAULTS, RequestError,
+                                   check_model, named_inputs, validate_request)
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE
 from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import user_error
@@ -35,9 +36,8 @@ GENERATE_TOOL, COMPARE_TOOL, MODELS_TOOL = "generate_images", "compare_execution
 DEVICE_TOOLS = (GENERATE_TOOL, COMPARE_TOOL)
 #: every tool the MCP door answers (the guard refuses a call to any other endpoint)
 TOOLS = (*DEVICE_TOOLS, MODELS_TOOL)
-#: the arguments whose None (their default) means "the chosen model's default"
-LEFT_OUT_WHEN_NULL = frozenset({"resolution", "num_inference_steps", "guidance_scale", "style", "style_scale",
-                                "upsample_prompt"})
+#: a tool's input the caller must give
+REQUIRED = inspect.Parameter.empty
 #: every generation shares this concurrency id (its limit: UiSettings.generate_concurrency)
 DEVICE_CONCURRENCY_ID = "device"
 #: one comparison at a time (it runs the request in every mode), beside the generate handlers
@@ -136,106 +136,93 @@ class ApiEndpoints:
         """Add every endpoint to the Blocks being built (``gr.api``), their docstrings written for this server.
         ``/generate`` and ``/compare_modes`` are queued like the page's buttons; the MCP tools are not, so
         Gradio calls them in-process with the caller's own request (the guard admitted them)."""
-        settings = self.handlers.settings
-        generate, compare = self._generate_endpoint(), self._compare_endpoint()
+        settings, device = self.handlers.settings, self.engine.device.badge
+        # what a door gives an input left out when the chosen model does not decide it
+        fixed = dict(prompt="", model=settings.start_model, mode=settings.start_mode.value, seed=0, negative_prompt="",
+                     previews=True, num_images=settings.start_images)
+        # a tool's caller names the prompt; its resolution and style are plain text ("" and NO_STYLE: the defaults)
+        tool = dict(fixed, prompt=REQUIRED, num_images=1, resolution="", style=NO_STYLE)
+        generate = self._endpoint(
+            GENERATE_API, lambda named, request: self.handlers.generate(request=request, **named), GENERATE_INPUTS, fixed,
+            tuple[list, str], "What the page's Generate runs: images streamed as they finish, with live previews "
+            "while denoising.", "gallery: every finished image (a PNG carrying its settings) with its caption; "
+            "live preview: the image denoising now, as inline HTML (empty between images).", stream=True)
+        compare = self._endpoint(
+            COMPARE_API, lambda named, request: self.comparer.compare_modes(request=request, **named), COMPARE_INPUTS, fixed,
+            tuple[list, str, dict], "What the page's Compare modes runs: the prompt and seed in every execution "
+            "mode, streamed.", "gallery: one image per mode; summary: the figures as HTML; figures: the same as JSON.",
+            stream=True)
+        generate_images = self._endpoint(
+            GENERATE_TOOL, lambda named, request: _plain_errors(self.generate, named, request),
+            tuple(name for name in GENERATE_INPUTS if name != "previews"), tool, str,
+            f"Generate images from a text prompt with a diffusers pipeline on this server ({device}), one warm "
+            "compiled graph per resolution bucket. Each image is a PNG URL carrying its settings, with a link "
+            "that reopens the demo page with them.",
+            "text: what ran (device, model, mode, bucket warm or compiled, seconds), then per image its seed, "
+            "timings, what it was drawn as (when the prompt upsampler rewrote the prompt), PNG URL and reproduce link.")
+        compare_execution_modes = self._endpoint(
+            COMPARE_TOOL, lambda named, request: _plain_errors(self.compare, named, request),
+            tuple(name for name in GENERATE_INPUTS if name in COMPARE_INPUTS), tool, str,
+            "Run one prompt and seed in all three execution modes (strict eager, optimized eager, compiled) "
+            "and compare them warm against warm: seconds per image, speedup over strict eager and the "
+            "largest pixel difference.", "text: one line per mode with its timing and the URL of its image.")
+
+        def list_models() -> str:
+            """List the models this server offers: their resolution buckets, step and guidance ranges and defaults,
+            their styles (name, trigger words, default strength) and which buckets are warm (compiled) in each mode.
+
+            Returns:
+                JSON text: device, modes, limits and one entry per model.
+            """
+            return self.models_json()
+
         hide_from_mcp(generate, compare)  # MCP callers have generate_images and compare_execution_modes
         gr.api(generate, api_name=GENERATE_API, concurrency_id=DEVICE_CONCURRENCY_ID,
                concurrency_limit=settings.generate_concurrency)
         gr.api(compare, api_name=COMPARE_API, concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1)
-        for name, tool in zip(TOOLS, self._tools()):
-            gr.api(tool, api_name=name, queue=False)
+        for name, function in zip(TOOLS, (generate_images, compare_execution_modes, list_models)):
+            gr.api(function, api_name=name, queue=False)
 
-    def _generate_endpoint(self) -> Callable:
-        handlers, start = self.handlers, self.handlers.settings
+    def _endpoint(self, name: str, call: Callable[[dict[str, Any], Any], Any], inputs: tuple[str, ...],
+                  defaults: dict[str, Any], returns: Any, summary: str, returned: str, stream: bool = False) -> Callable:
+        """A function ``gr.api`` reads as the endpoint ``name`` (the MCP tool's name too) taking ``inputs`` by
+        name, typed by ``INPUT_TYPES``, each defaulting to ``defaults`` or, for an input the model decides, to
+        None (``| None`` in its type), then the caller's ``gr.Request``; it hands ``call`` the named inputs less
+        those left out and the request, and streams what ``call`` yields when ``stream``. Its docstring documents
+        ``inputs`` for this server."""
+        def parameter(input_name: str, default: Any) -> inspect.Parameter:
+            hint = INPUT_TYPES[input_name] if default is not None else INPUT_TYPES[input_name] | None
+            return inspect.Parameter(input_name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=hint)
 
-        # the return annotation is the endpoint's outputs (gallery, live preview), yielded per update
-        def generate(prompt: str = "", model: str = start.start_model, mode: str = start.start_mode.value,
-                     resolution: str | None = None, num_inference_steps: int | None = None,
-                     guidance_scale: float | None = None, seed: int = 0, num_images: int = start.start_images,
-                     previews: bool = True, negative_prompt: str = "", style: str | None = None,
-                     style_scale: float | None = None, upsample_prompt: bool | None = None,
-                     request: gr.Request = None) -> tuple[list, str]:
-            yield from handlers.generate(request=request, **self._named(dict(
-                prompt=prompt, model=model, mode=mode, resolution=resolution, num_inference_steps=num_inference_steps,
-                guidance_scale=guidance_scale, seed=seed, num_images=num_images, previews=previews,
-                negative_prompt=negative_prompt, style=style, style_scale=style_scale, upsample_prompt=upsample_prompt)))
+        request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)
+        signature = inspect.Signature([*(parameter(name, defaults.get(name)) for name in inputs), request],
+                                      return_annotation=returns)
 
-        generate.__doc__ = self._doc(
-            "What the page's Generate runs: images streamed as they finish, with live previews while denoising.",
-            GENERATE_INPUTS, "gallery: every finished image (a PNG carrying its settings) with its caption; "
-            "live preview: the image denoising now, as inline HTML (empty between images).")
-        return generate
+        def arguments(args: tuple, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+            bound = signature.bind(*args, **kwargs)  # Gradio passes them by position, the request last
+            bound.apply_defaults()
+            named = dict(bound.arguments)
+            request = named.pop("request")
+            return self._named(named), request
 
-    def _compare_endpoint(self) -> Callable:
-        comparer, start = self.comparer, self.handlers.settings
-
-        def compare_modes(prompt: str = "", negative_prompt: str = "", model: str = start.start_model,
-                          resolution: str | None = None, num_inference_steps: int | None = None,
-                          guidance_scale: float | None = None, seed: int = 0, style: str | None = None,
-                          style_scale: float | None = None, upsample_prompt: bool | None = None,
-                          request: gr.Request = None) -> tuple[list, str, dict]:
-            yield from comparer.compare_modes(request=request, **self._named(dict(
-                prompt=prompt, negative_prompt=negative_prompt, model=model, resolution=resolution,
-                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed, style=style,
-                style_scale=style_scale, upsample_prompt=upsample_prompt)))
-
-        compare_modes.__doc__ = self._doc(
-            "What the page's Compare modes runs: the prompt and seed in every execution mode, streamed.",
-            COMPARE_INPUTS, "gallery: one image per mode; summary: the figures as HTML; figures: the same as JSON.")
-        return compare_modes
-
-    def _tools(self) -> tuple[Callable, Callable, Callable]:
-        start_model, start_mode = self.handlers.settings.start_model, self.handlers.settings.start_mode.value
-
-        def generate_images(prompt: str, model: str = start_model, mode: str = start_mode, resolution: str = "",
-                            num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                            seed: int = 0, num_images: int = 1, negative_prompt: str = "", style: str = NO_STYLE,
-                            style_scale: float | None = None, upsample_prompt: bool | None = None,
-                            request: gr.Request = None) -> str:
-            return _plain_errors(self.generate, dict(prompt=prompt, model=model, mode=mode, resolution=resolution,
-                                      num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                                      num_images=num_images, negative_prompt=negative_prompt, style=style,
-                                      style_scale=style_scale, upsample_prompt=upsample_prompt), request)
-
-        def compare_execution_modes(prompt: str, model: str = start_model, resolution: str = "",
-                                    num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                                    seed: int = 0, negative_prompt: str = "", style: str = NO_STYLE,
-                                    style_scale: float | None = None, upsample_prompt: bool | None = None,
-                                    request: gr.Request = None) -> str:
-            return _plain_errors(self.compare, dict(prompt=prompt, model=model, resolution=resolution,
-                                     num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
-                                     negative_prompt=negative_prompt, style=style, style_scale=style_scale,
-                                     upsample_prompt=upsample_prompt), request)
-
-        def list_models() -> str:
-            return self.models_json()
-
-        device = self.engine.device.badge
-        generate_images.__doc__ = self._doc(
-            f"Generate images from a text prompt with a diffusers pipeline on this server ({device}), one warm "
-            "compiled graph per resolution bucket. Each image is a PNG URL carrying its settings, with a link "
-            "that reopens the demo page with them.", tuple(links.LINK_FIELDS.values()) + ("num_images",),
-            "text: what ran (device, model, mode, bucket warm or compiled, seconds), then per image its seed, "
-            "timings, what it was drawn as (when the prompt upsampler rewrote the prompt), PNG URL and reproduce link.")
-        compare_execution_modes.__doc__ = self._doc(
-            "Run one prompt and seed in all three execution modes (strict eager, optimized eager, compiled) "
-            "and compare them warm against warm: seconds per image, speedup over strict eager and the "
-            "largest pixel difference.", ("prompt", "model", "resolution", "num_inference_steps",
-                                           "guidance_scale", "seed", "negative_prompt", "style", "style_scale",
-                                           "upsample_prompt"),
-            "text: one line per mode with its timing and the URL of its image.")
-        list_models.__doc__ = ("List the models this server offers: their resolution buckets, step and guidance "
-                               "ranges and defaults, their styles (name, trigger words, default strength) and which buckets are warm "
-                               "(compiled) in each mode.\n\n"
-                               "Returns:\n    JSON text: device, modes, limits and one entry per model.")
-        return generate_images, compare_execution_modes, list_models
+        if stream:
+            def endpoint(*args: Any, **kwargs: Any) -> Iterator:
+                yield from call(*arguments(args, kwargs))
+        else:
+            def endpoint(*args: Any, **kwargs: Any) -> Any:
+                return call(*arguments(args, kwargs))
+        endpoint.__name__ = endpoint.__qualname__ = name
+        endpoint.__signature__ = signature  # type: ignore[attr-defined]
+        endpoint.__annotations__ = {**{p.name: p.annotation for p in signature.parameters.values()}, "return": returns}
+        endpoint.__doc__ = self._doc(summary, inputs, returned)
+        return endpoint
 
     def _named(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """A tool's arguments as the page's named inputs: what the caller left out (an optional argument's
-        None) is dropped, so ``validate_request`` fills the chosen model's defaults; a resolution left out
+        """An endpoint's arguments as the page's named inputs: what the caller left out (None where the model
+        decides) is dropped, so ``validate_request`` fills the chosen model's defaults; a resolution left out
         (empty or None), which the request check refuses, is the chosen model's first bucket."""
         named = named_inputs({name: value for name, value in inputs.items() if not (name == "resolution" and value == "")},
-                             LEFT_OUT_WHEN_NULL)
+                             MODEL_DEFAULTS)
         if "resolution" not in named:
             try:
                 named["resolution"] = str(check_model(named.get("model"), self.limits).buckets[0])
@@ -250,8 +237,7 @@ class ApiEndpoints:
         rows = [b for b in self.engine.buckets_for(model, ExecutionMode(mode)) if b.resolution == resolution]
         return "warm" if any(b.state is BucketState.WARM for b in rows) else "cold (compiled for this request)"
 
-    def generate(self, inputs: dict[str, Any], request: gr.Request | None) -> str:
-        named = self._named(inputs)
+    def generate(self, named: dict[str, Any], request: gr.Request | None) -> str:
         try:  # checked here first only to say how warm the bucket was before the run; generate checks again
             checked = validate_request(named, self.limits)
             warmth = self._warmth(checked.model, checked.mode.value, checked.resolution)
@@ -278,9 +264,9 @@ class ApiEndpoints:
                          f"\n  link: {root}/?{links.link_query(settings)}")
         return "\n".join(lines)
 
-    def compare(self, inputs: dict[str, Any], request: gr.Request | None) -> str:
+    def compare(self, named: dict[str, Any], request: gr.Request | None) -> str:
         final: tuple[Any, ...] = ()
-        updates: Iterator = self.comparer.compare_modes(request=request, **self._named(inputs))
+        updates: Iterator = self.comparer.compare_modes(request=request, **named)
         for update in updates:
             final = update
         gallery, _, figures = final
