@@ -9,8 +9,9 @@ under offload, both buckets warmed first), with previews on, at its largest buck
 4096 image tokens) and a non-square one (1344x768: 4032): the image has the bucket's size,
 the requests compile nothing after warmup, and the previews have the real latent grid.
 
-SD3.5 Medium (the lightest per token) whole on one chip, the source document's case, runs in every full run;
-its other placements run where the CPU has native bf16 (tiny models cover every placement elsewhere);
+SD3.5 Medium (the lightest per token) whole on one chip, the source document's case, runs in every full run
+(float32 where the CPU would emulate bf16); its other placements run where the CPU has native bf16 (tiny
+models cover every placement elsewhere);
 FLUX.1-schnell (every placement, and tensor parallel over 2 gloo ranks) and FLUX.2-dev (width 6144, a
 5120-wide Mistral: ~8 GB of bf16 weights at depth 1) run with ``TPU_DEMO_RUN_SLOW=1``.
 """
@@ -25,7 +26,8 @@ import pytest
 from conftest import request_fields
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
-from reduced_models import REAL_BUCKETS, build_reduced_pipeline, reduced_id, reduced_spec  # noqa: E402
+from reduced_models import (REAL_BUCKETS, build_reduced_pipeline, cpu_has_native_bf16, reduced_id,  # noqa: E402
+                            reduced_spec)
 
 from tpu_demo.core.catalog import Placement  # noqa: E402
 
@@ -35,17 +37,10 @@ slow = pytest.mark.skipif(not RUN_SLOW, reason="minutes per request on CPU: set 
 #: latent grid per pixel: FLUX packs 2x2 patches of an 8x VAE (16 px a token); SD3's grid is the VAE's (8 px)
 PIXELS_PER_LATENT = {"flux.1-schnell": 16, "flux.2-dev": 16, "sd3.5-medium": 8}
 
-def _cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX (oneDNN's ``_is_mkldnn_bf16_supported`` says yes on any AVX512 CPU, and emulates)."""
-    import torch
-
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-#: The weights are bf16. SD3.5 whole on one chip runs everywhere (about 270 s on this 2-core AVX512 CPU,
-#: which emulates bf16); its other placements compile the same shapes again, so they run where the CPU
-#: has native bf16 or with TPU_DEMO_RUN_SLOW=1, like the FLUX models.
-needs_bf16 = pytest.mark.skipif(not RUN_SLOW and not _cpu_has_native_bf16(),
+#: SD3.5 whole on one chip runs everywhere (bf16 where the CPU has it natively, else float32:
+#: reduced_models.reduced_dtype); its other placements compile the same shapes again, so they run where
+#: the CPU has native bf16 or with TPU_DEMO_RUN_SLOW=1, like the FLUX models.
+needs_bf16 = pytest.mark.skipif(not RUN_SLOW and not cpu_has_native_bf16(),
                                 reason="bf16 is emulated on this CPU (no AVX512-BF16 / AMX): set TPU_DEMO_RUN_SLOW=1")
 CASES = [pytest.param("sd3.5-medium", Placement.WHOLE, id="sd3.5-medium-whole")]
 CASES += [pytest.param("sd3.5-medium", placement, id=f"sd3.5-medium-{placement.value}", marks=needs_bf16)
