@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import random
 import socket
 from typing import Any
 
@@ -11,6 +13,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports free now (``--chips`` serves on the first and
+    its engines on the next), below Linux's ephemeral range (32768 up): the kernel never hands one of
+    them to another test's ``free_port()`` or an outgoing connection before the app binds it."""
+    for _ in range(100):
+        base = random.randrange(20000, 32000 - count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free loopback ports between 20000 and 32000")
 
 
 def start_app(*flags: str) -> tuple[Any, str]:

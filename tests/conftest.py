@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import tpu_demo  # noqa: E402,F401 - applies the offline environment defaults
 import app_runner  # noqa: E402
 import quick_tier  # noqa: E402
-from app_runner import free_port, stop_app  # noqa: E402,F401 - tests import them from here
+from app_runner import free_port, free_ports, stop_app  # noqa: E402,F401 - tests import them from here
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread; keeps the other core for servers
 

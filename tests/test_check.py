@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_ports
 from tpu_demo.core.catalog import CATALOG
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +23,8 @@ STANDIN_SITE = REPO / "tests" / "helpers" / "standin_site"
 def run_check(tmp_path: Path, *flags: str, **env: str) -> subprocess.CompletedProcess:
     environ = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "TPU_DEMO_CACHE_DIR": str(tmp_path / "cache"), **env}
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "app.py", "--check", "--port", str(free_port()), *flags], cwd=REPO,
+    # --chips: an engine per chip (up to 8) on the ports after the public one
+    out = subprocess.run([sys.executable, "app.py", "--check", "--port", str(free_ports(9)), *flags], cwd=REPO,
                          env=environ, capture_output=True, text=True, timeout=600)
     print(f"--check {' '.join(flags)}: exit {out.returncode} in {time.perf_counter() - started:.1f} s")
     return out

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from conftest import free_port, request_fields
+from conftest import free_ports, request_fields
 from test_tpu_host_doc import start_command_on_cpu
 from tpu_standin import TpuStandIn
 from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS, Placement
@@ -142,7 +142,7 @@ def _engine_requests(log: Path) -> list[dict]:
 @pytest.mark.skipif(not os.path.exists(NGINX), reason="Debian's nginx is not installed (scripts/test.sh installs it)")
 @pytest.mark.timeout(1500)
 def test_all_chips_command_on_cpu_two_engines_behind_nginx_every_model_warm(tmp_path):
-    port = free_port()
+    port = free_ports(3)  # nginx, then one engine per chip on the next ports
     cache = tmp_path / "cache"
     from tpu_demo.engine.compile_cache import compile_cache_env
 

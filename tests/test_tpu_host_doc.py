@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import free_port
+from conftest import free_ports
 from tpu_demo.core.catalog import CATALOG, REAL_MODEL_IDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_the_check_command_runs_here_as_written_and_with_tiny_models(tmp_path):
     for problem in ("--chips all: no TPU chips on this host", "flux.1-schnell: weights incomplete, missing model_index.json",
                     "sd3.5-medium: weights incomplete, missing model_index.json"):
         assert problem in summary, summary
-    tiny = subprocess.run(on_cpu(check, free_port()), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    tiny = subprocess.run(on_cpu(check, free_ports(3)), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert tiny.returncode == 0, tiny.stdout
     assert "--chips 2: one engine per chip: 2 engines on CPU; tiny-flux" in tiny.stdout
 
