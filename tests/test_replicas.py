@@ -146,13 +146,17 @@ http {{
         connections and routes the cookie elsewhere, so a visitor's join and its event stream could
         reach different replicas (the stream then answers 404). A quitting worker closes its listening
         socket, then retitles itself "is shutting down"; it lives on while open connections last
-        (gradio_client's heartbeat streams), so this waits for the title, not for the exit."""
+        (gradio_client's heartbeat streams), so this waits for the title, not for the exit.
+        The titles are read after the pinned answer: nginx's master starts the new worker before it
+        tells the old one to quit, so titles read first could predate the new worker."""
+        if not self.pins(address):
+            return False
         try:
             titles = [" ".join(worker.cmdline()) for worker in psutil.Process(self.nginx.pid).children()]
         except psutil.NoSuchProcess:  # a worker exited while listed: look again
             return False
         accepting = [title for title in titles if "shutting down" not in title]
-        return len(accepting) == 1 and self.pins(address)  # worker_processes 1 (nginx.conf above)
+        return len(accepting) == 1  # worker_processes 1 (nginx.conf above)
 
     def listed_up(self) -> set[str]:
         return {line.split()[1] for line in self.upstreams.read_text().splitlines()
