@@ -7,7 +7,7 @@ import time
 import httpx
 
 from tpu_demo.core.events import BucketState, BucketStatus, ShapeKey
-from tpu_demo.web.readiness import bucket_readiness
+from tpu_demo.core.readiness import bucket_readiness
 from tpu_demo.web.runs import StopReason
 
 BUCKETS = ("64x64", "96x64", "128x128")

@@ -14,7 +14,7 @@ from tpu_demo.core.events import ImageResult
 from tpu_demo.core.request import RequestError, RequestLimits, validate_request
 from tpu_demo.web.admission import AdmissionLimits, EventInputs, QueuedEvent, WarmupThrottle, arity_error, busy_reason
 from tpu_demo.web.health import health_payload
-from tpu_demo.web.readiness import Readiness
+from tpu_demo.core.readiness import Readiness
 from tpu_demo.web.request_log import RequestRecord
 
 from conftest import engine_images, request_fields
@@ -173,7 +173,7 @@ def test_stop_reaches_only_the_owners_oldest_run(make_engine):
 
 def test_a_bucket_is_ready_when_every_batch_size_of_it_is_warm():
     from tpu_demo.core.events import BucketState, BucketStatus
-    from tpu_demo.web.readiness import bucket_readiness
+    from tpu_demo.core.readiness import bucket_readiness
 
     def shape(resolution: str, batch: int, state: BucketState) -> BucketStatus:
         return BucketStatus(model="tiny-flux", mode="compiled", resolution=resolution, batch=batch, state=state)

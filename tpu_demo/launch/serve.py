@@ -20,12 +20,12 @@ from tpu_demo.device import DeviceInfo, detect_device
 from tpu_demo.engine.engine import Engine, EngineConfig
 from tpu_demo.engine.warm_all import WarmAll
 from tpu_demo.web.health import health_routes
-from tpu_demo.web.readiness import ReadinessCheck
+from tpu_demo.core.readiness import ReadinessCheck
 from tpu_demo.models.loading import hub_weights_present
 from tpu_demo.distributed.lockstep import Lockstep
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestLimits
-from tpu_demo.web.shutdown import stop_on_sigterm
+from tpu_demo.launch.shutdown import stop_on_sigterm
 from tpu_demo.web.runs import Runs, SupervisionSettings
 from tpu_demo.web.handlers import PageHandlers, UiSettings
 from tpu_demo.web.history import SessionHistory

@@ -1,7 +1,7 @@
 """``GET /health`` (liveness) and ``GET /ready`` (readiness), as JSON, without paths or secrets.
 
 ``/health`` answers 200 while the server serves (device, loaded models, bucket states without error
-text, requests waiting, busy, the readiness verdict); ``/ready`` answers 200 only once readiness.py
+text, requests waiting, busy, the readiness verdict); ``/ready`` answers 200 only once core/readiness.py
 says so, else 503 with the reason. Neither runs anything on the device.
 """
 
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.events import BucketState
-from tpu_demo.web.readiness import Readiness
+from tpu_demo.core.readiness import Readiness
 
 
 HEALTH_PATH = "/health"
