@@ -3,7 +3,8 @@
 Every door (the page, ``/generate``, ``/compare_modes``, the MCP tools) builds one
 ``GenerationRequest`` from named inputs through ``validate_request``: every field is checked before
 anything reaches the device, each violation raises RequestError naming the field, and every optional
-field a caller leaves out is the chosen model's default.
+field a caller leaves out is the chosen model's default. Each named input's type and documentation
+(``INPUT_TYPES``, ``input_docs``) live here too: the endpoints' signatures are built from them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from tpu_demo.core.buckets import Bucket, BucketError
 from tpu_demo.core.catalog import ModelSpec, get_spec
@@ -259,3 +260,57 @@ def validate_request(raw: Mapping[str, Any], limits: RequestLimits = RequestLimi
         negative_prompt=_negative_prompt(raw.get("negative_prompt", ""), spec, limits.max_prompt_chars),
         style=style, style_scale=style_scale, upsample_prompt=upsample and upsampler is not None,
     )
+
+
+def input_docs(specs: Sequence[ModelSpec], limits: RequestLimits, style_refusal: Callable[[str], str | None],
+               model: str, mode: str, num_images: int) -> dict[str, str]:
+    """Each named input's documentation on this server (the API's docstrings and MCP schemas): its values per
+    offered model (``specs``) and its default (``model``, ``mode`` and ``num_images`` where the model does not
+    decide it). ``style_refusal``: why a model's placement takes no style here, or None."""
+    def per_model(describe: Callable[[ModelSpec], str]) -> str:
+        return "; ".join(f"{spec.id}: {describe(spec)}" for spec in specs)
+
+    def guidance(spec: ModelSpec) -> str:
+        if spec.guidance_range is None:
+            return f"fixed at {spec.default_guidance} (any value 0-20 is accepted and ignored)"
+        return f"{spec.guidance_range[0]}-{spec.guidance_range[1]}, default {spec.default_guidance}"
+
+    def styles(spec: ModelSpec) -> str:
+        refusal = style_refusal(spec.id) if spec.styles else None
+        if not spec.styles or refusal:
+            return f"{NO_STYLE} only" + (f" ({refusal})" if refusal else "")
+        return ", ".join([NO_STYLE] + [f"{s.name} ({s.title!r}" + (f", trigger words {s.trigger!r}" if s.trigger else "")
+                                       + ")" for s in spec.styles])
+
+    def upsampling(spec: ModelSpec) -> str:
+        upsampler = spec.prompt_upsampler
+        if upsampler is None:
+            return "none"
+        return f"{upsampler.kind.value}, default {'on' if upsampler.default_on else 'off'} ({upsampler.cost_note})"
+
+    modes = ", ".join(f"{m.value} ({m.title})" for m in limits.offered_modes)
+    scales = "; ".join(f"{spec.id}: " + ", ".join(f"{s.name} {s.default_scale:g}" for s in spec.styles)
+                       for spec in specs if spec.styles) or "no model here has styles"
+    takes_negative = ", ".join(spec.id for spec in specs if spec.negative_prompt) or "no model here"
+    return {
+        "prompt": f"what to draw, 1-{limits.max_prompt_chars} characters of plain text (required).",
+        "model": f"one of {', '.join(spec.id for spec in specs)}; default {model}.",
+        "mode": f"execution mode, one of {modes}; default {mode}.",
+        "resolution": ("WIDTHxHEIGHT, one of the model's buckets ("
+                       + per_model(lambda s: ", ".join(str(b) for b in s.buckets)) + "); default: the model's first bucket."),
+        "num_inference_steps": "denoising steps (" + per_model(
+            lambda s: f"{s.min_steps}-{s.max_steps}, default {s.default_steps}") + "); default: the model's.",
+        "guidance_scale": "guidance scale (" + per_model(guidance) + "); default: the model's.",
+        "seed": f"0-{MAX_SEED}; image i uses seed + i; default 0.",
+        "num_images": f"1-{limits.max_images}; default {num_images} (the tool's: 1).",
+        "previews": "stream live previews of the image denoising now; default true.",
+        "style": (f"a style adapter (LoRA, swapped on the warm graph without recompiling) by name, or {NO_STYLE!r} "
+                  "for none; per model: " + per_model(styles) + f"; default {NO_STYLE!r}."),
+        "style_scale": (f"the style's strength, {STYLE_SCALE_RANGE[0]}-{STYLE_SCALE_RANGE[1]} (0 draws as no style; "
+                        "ignored without a style); default: the style's own (" + scales + "), 1.0 without a style."),
+        "negative_prompt": (f"what the image should not show (only {takes_negative} take one; leave empty for the "
+                            "others); default empty."),
+        "upsample_prompt": ("rewrite the prompt per image with the model's prompt upsampler before drawing (what "
+                            "the prompt leaves out is chosen from the image's seed; each image's caption says "
+                            "'drawn as: ...'); per model: " + per_model(upsampling) + "; ignored by a model without one."),
+    }

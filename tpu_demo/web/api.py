@@ -19,8 +19,8 @@ from gradio import route_utils
 from tpu_demo.core import links
 from tpu_demo.core.events import BucketState
 from tpu_demo.core.modes import ExecutionMode
-from tpu_demo.core.request import (COMPARE_INPUTS, GENERATE_INPUTS, INPUT_TYPES, MAX_SEED, MODEL_DEFAULTS, RequestError,
-                                   check_model, named_inputs, validate_request)
+from tpu_demo.core.request import (COMPARE_INPUTS, GENERATE_INPUTS, INPUT_TYPES, MODEL_DEFAULTS, RequestError,
+                                   check_model, input_docs, named_inputs, validate_request)
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE
 from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import user_error
@@ -72,62 +72,10 @@ class ApiEndpoints:
         self.handlers, self.comparer, self.keeper = handlers, comparer, keeper
         self.engine, self.limits = handlers.engine, handlers.settings.limits
 
-    # ---- text for the docstrings ---------------------------------------------------------------
-    def _per_model(self, describe: Callable[[Any], str]) -> str:
-        return "; ".join(f"{m}: {describe(self.engine.spec(m))}" for m in self.engine.specs)
-
-    def _arg_docs(self) -> dict[str, str]:
-        settings, limits = self.handlers.settings, self.limits
-        modes = ", ".join(f"{m.value} ({m.title})" for m in limits.offered_modes)
-        takes_negative = [m for m in self.engine.specs if self.engine.spec(m).negative_prompt]
-
-        def guidance(spec: Any) -> str:
-            if spec.guidance_range is None:
-                return f"fixed at {spec.default_guidance} (any value 0-20 is accepted and ignored)"
-            return f"{spec.guidance_range[0]}-{spec.guidance_range[1]}, default {spec.default_guidance}"
-
-        def styles(spec: Any) -> str:
-            refusal = self.engine.style_refusal(spec.id) if spec.styles else None
-            if not spec.styles or refusal:
-                return f"{NO_STYLE} only" + (f" ({refusal})" if refusal else "")
-            return ", ".join([NO_STYLE] + [f"{s.name} ({s.title!r}" + (f", trigger words {s.trigger!r}" if s.trigger else "")
-                                           + ")" for s in spec.styles])
-
-        def upsampling(spec: Any) -> str:
-            upsampler = spec.prompt_upsampler
-            if upsampler is None:
-                return "none"
-            return f"{upsampler.kind.value}, default {'on' if upsampler.default_on else 'off'} ({upsampler.cost_note})"
-
-        scales = "; ".join(f"{m}: " + ", ".join(f"{s.name} {s.default_scale:g}" for s in self.engine.spec(m).styles)
-                           for m in self.engine.specs if self.engine.spec(m).styles) or "no model here has styles"
-
-        return {
-            "prompt": f"what to draw, 1-{limits.max_prompt_chars} characters of plain text (required).",
-            "model": f"one of {', '.join(self.engine.specs)}; default {settings.start_model}.",
-            "mode": f"execution mode, one of {modes}; default {settings.start_mode.value}.",
-            "resolution": ("WIDTHxHEIGHT, one of the model's buckets (" + self._per_model(
-                lambda s: ", ".join(str(b) for b in s.buckets)) + "); default: the model's first bucket."),
-            "num_inference_steps": "denoising steps (" + self._per_model(
-                lambda s: f"{s.min_steps}-{s.max_steps}, default {s.default_steps}") + "); default: the model's.",
-            "guidance_scale": "guidance scale (" + self._per_model(guidance) + "); default: the model's.",
-            "seed": f"0-{MAX_SEED}; image i uses seed + i; default 0.",
-            "num_images": f"1-{limits.max_images}; default {settings.start_images} (the tool's: 1).",
-            "previews": "stream live previews of the image denoising now; default true.",
-            "style": (f"a style adapter (LoRA, swapped on the warm graph without recompiling) by name, or {NO_STYLE!r} "
-                      "for none; per model: " + self._per_model(styles) + f"; default {NO_STYLE!r}."),
-            "style_scale": (f"the style's strength, {STYLE_SCALE_RANGE[0]}-{STYLE_SCALE_RANGE[1]} (0 draws as no style; "
-                            "ignored without a style); default: the style's own (" + scales + "), 1.0 without a style."),
-            "negative_prompt": ("what the image should not show (only " + (", ".join(takes_negative) or "no model here")
-                                + " take one; leave empty for the others); default empty."),
-            "upsample_prompt": ("rewrite the prompt per image with the model's prompt upsampler before drawing (what "
-                                "the prompt leaves out is chosen from the image's seed; each image's caption says "
-                                "'drawn as: ...'); per model: " + self._per_model(upsampling)
-                                + "; ignored by a model without one."),
-        }
-
     def _doc(self, summary: str, names: tuple[str, ...], returns: str) -> str:
-        docs = self._arg_docs()
+        settings = self.handlers.settings
+        docs = input_docs([self.engine.spec(m) for m in self.engine.specs], self.limits, self.engine.style_refusal,
+                          model=settings.start_model, mode=settings.start_mode.value, num_images=settings.start_images)
         return (summary + "\n\nArgs:\n" + "\n".join(f"    {name}: {docs[name]}" for name in names)
                 + f"\n\nReturns:\n    {returns}")
 
