@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 from tpu_demo.core.catalog import ASSETS_DIR, get_spec  # noqa: E402
 from tpu_demo.device import detect_device  # noqa: E402
 from tpu_demo.models.loading import load_pipeline  # noqa: E402
-from tpu_demo.web.handlers import example_rows  # noqa: E402
+from tpu_demo.core.examples import example_rows  # noqa: E402
 
 TILE, CAPTION, COLUMNS = 128, 80, 4  # a two-shape caption wraps to six lines of 11 px
 

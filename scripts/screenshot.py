@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import tpu_demo  # noqa: E402,F401 - offline environment defaults before gradio is imported
 
-from tpu_demo.web.handlers import example_prompts  # noqa: E402
+from tpu_demo.core.examples import example_prompts  # noqa: E402
 from browser_support import guard_network, launch_chromium, start_app, stop_app, wait_for_gallery_images  # noqa: E402
 
 

@@ -219,7 +219,7 @@ def test_shipped_files():
     assert sum(p.stat().st_size for p in files) <= 15 * 1024 * 1024
     defaults = json.loads((MODEL_DIR / "demo_defaults.json").read_text())
     assert defaults["height"] == defaults["width"] == 64
-    from tpu_demo.web.handlers import example_rows
+    from tpu_demo.core.examples import example_rows
 
     from tpu_demo.models.prompt_language import PromptLanguage
 
@@ -578,7 +578,7 @@ def test_example_rows_may_name_their_bucket(tmp_path):
     any other line, or an unknown size, keeps the first bucket and the whole line as the prompt."""
     from dataclasses import replace
 
-    from tpu_demo.web.handlers import example_prompts, example_rows
+    from tpu_demo.core.examples import example_prompts, example_rows
 
     path = tmp_path / "prompts.txt"
     path.write_text("a red circle\na blue square | 96x64\na | b | 64x96\nodd | 100x100\n\n"

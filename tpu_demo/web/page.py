@@ -7,6 +7,7 @@ from typing import Any
 import gradio as gr
 
 from tpu_demo.core.catalog import ASSETS_DIR
+from tpu_demo.core.examples import example_rows
 from tpu_demo.core.request import COMPARE_INPUTS, GENERATE_INPUTS, MAX_SEED
 from tpu_demo.core.styles import default_scale
 from tpu_demo.web import chart
@@ -14,7 +15,7 @@ from tpu_demo.web.about import about_markdown
 from tpu_demo.web.api import (COMPARE_API, COMPARE_CONCURRENCY_ID, DEVICE_CONCURRENCY_ID, DEVICE_TOOLS, GENERATE_API,
                               ApiEndpoints)
 from tpu_demo.web.compare import EMPTY_SUMMARY, CompareHandler
-from tpu_demo.web.handlers import PageHandlers, example_rows
+from tpu_demo.web.handlers import PageHandlers
 from tpu_demo.web.history import SessionHistory, history_gallery
 from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
