@@ -10,9 +10,8 @@ under offload, both buckets warmed first), with previews on, at its largest buck
 the requests compile nothing after warmup, and the previews have the real latent grid.
 
 SD3.5 Medium (the lightest per token) whole on one chip, the source document's case, runs in every full run
-(float32 where the CPU would emulate bf16); its other placements run where the CPU has native bf16 (tiny
-models cover every placement elsewhere);
-FLUX.1-schnell (every placement, and tensor parallel over 2 gloo ranks) and FLUX.2-dev (width 6144, a
+(float32 where the CPU would emulate bf16); its other placements (tiny models cover every placement in every
+run), FLUX.1-schnell (every placement, and tensor parallel over 2 gloo ranks) and FLUX.2-dev (width 6144, a
 5120-wide Mistral: ~8 GB of bf16 weights at depth 1) run with ``TPU_DEMO_RUN_SLOW=1``.
 """
 
@@ -26,8 +25,7 @@ import pytest
 from conftest import request_fields
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
-from reduced_models import (REAL_BUCKETS, build_reduced_pipeline, cpu_has_native_bf16, reduced_id,  # noqa: E402
-                            reduced_spec)
+from reduced_models import REAL_BUCKETS, build_reduced_pipeline, reduced_id, reduced_spec  # noqa: E402
 
 from tpu_demo.core.catalog import Placement  # noqa: E402
 
@@ -38,15 +36,12 @@ slow = pytest.mark.skipif(not RUN_SLOW, reason="minutes per request on CPU: set 
 PIXELS_PER_LATENT = {"flux.1-schnell": 16, "flux.2-dev": 16, "sd3.5-medium": 8}
 
 #: SD3.5 whole on one chip runs everywhere (bf16 where the CPU has it natively, else float32:
-#: reduced_models.reduced_dtype); its other placements compile the same shapes again, so they run where
-#: the CPU has native bf16 or with TPU_DEMO_RUN_SLOW=1, like the FLUX models.
-needs_bf16 = pytest.mark.skipif(not RUN_SLOW and not cpu_has_native_bf16(),
-                                reason="bf16 is emulated on this CPU (no AVX512-BF16 / AMX): set TPU_DEMO_RUN_SLOW=1")
+#: reduced_models.reduced_dtype); its other placements compile the same shapes again (1.5 min each on
+#: 2 cores), so they run with TPU_DEMO_RUN_SLOW=1, like the FLUX models.
 CASES = [pytest.param("sd3.5-medium", Placement.WHOLE, id="sd3.5-medium-whole")]
-CASES += [pytest.param("sd3.5-medium", placement, id=f"sd3.5-medium-{placement.value}", marks=needs_bf16)
-          for placement in (Placement.RESIDENT, Placement.OFFLOAD)]
 CASES += [pytest.param(model, placement, id=f"{model}-{placement.value}", marks=slow)
-          for model, placements in (("flux.1-schnell", (Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD)),
+          for model, placements in (("sd3.5-medium", (Placement.RESIDENT, Placement.OFFLOAD)),
+                                    ("flux.1-schnell", (Placement.WHOLE, Placement.RESIDENT, Placement.OFFLOAD)),
                                     ("flux.2-dev", (Placement.RESIDENT,)))
           for placement in placements]
 
