@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from tpu_demo.models.weights import weights_report
 
 #: distributions whose versions the check prints (the first three decide the TPU path)
 VERSIONS = ("torch", "torch-tpu", "libtpu", "diffusers", "transformers", "gradio")
-#: seconds one pinning probe may take (it starts torch-tpu's runtime on one chip)
+#: seconds the pinning probes may take (each starts torch-tpu's runtime on its chip; they run at once)
 PROBE_TIMEOUT = 180
 
 
@@ -183,25 +184,30 @@ def check_disk(report: Report, missing_bytes: float) -> None:
 
 
 def check_pinning(report: Report, chips: int, name: str) -> None:
-    """One child per chip with that chip's libtpu variables: it must start the runtime and see one chip."""
+    """One child per chip with that chip's libtpu variables, all at once (as the engines will run): each must
+    start the runtime and see one chip."""
     if not chips:
         report.say("pinning probe: skipped (no TPU chips on this host; one engine per chip needs chips to pin)")
         return
     expected = devices_per_chip()
     code = ("import json; from tpu_demo.device import detect_device; d = detect_device('tpu'); "
             "print('PROBE ' + json.dumps({'count': d.count, 'chip': d.chip_index}))")
-    for chip in range(chips):
-        pins = one_chip_environment(chip)
-        env = {**os.environ, **pins, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    probes = {chip: subprocess.Popen([sys.executable, "-c", code], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE,
+                                     env={**os.environ, **one_chip_environment(chip), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+              for chip in range(chips)}
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    for chip, probe in probes.items():
         try:
-            out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                                 timeout=PROBE_TIMEOUT)
+            stdout, stderr = probe.communicate(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.communicate()
             report.problem(f"pinning probe chip {chip}: no answer in {PROBE_TIMEOUT} s")
             continue
-        line = next((l for l in out.stdout.splitlines() if l.startswith("PROBE ")), None)
-        if out.returncode != 0 or line is None:
-            why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        line = next((l for l in stdout.splitlines() if l.startswith("PROBE ")), None)
+        if probe.returncode != 0 or line is None:
+            why = (stderr.strip().splitlines() or ["no output"])[-1]
             report.problem(f"pinning probe chip {chip} (TPU_VISIBLE_CHIPS={chip}): {why}")
             continue
         seen = json.loads(line.removeprefix("PROBE "))
