@@ -8,6 +8,7 @@ page's own handlers (validation naming the field, the run registry, one log line
 """
 
 # no ``from __future__ import annotations``: gr.api reads list_models's output type from its return annotation
+import functools
 import inspect
 import json
 import time
@@ -72,10 +73,14 @@ class ApiEndpoints:
         self.handlers, self.comparer, self.keeper = handlers, comparer, keeper
         self.engine, self.limits = handlers.engine, handlers.settings.limits
 
-    def _doc(self, summary: str, names: tuple[str, ...], returns: str) -> str:
+    @functools.cached_property
+    def _input_docs(self) -> dict[str, str]:
         settings = self.handlers.settings
-        docs = input_docs([self.engine.spec(m) for m in self.engine.specs], self.limits, self.engine.style_refusal,
+        return input_docs([self.engine.spec(m) for m in self.engine.specs], self.limits, self.engine.style_refusal,
                           model=settings.start_model, mode=settings.start_mode.value, num_images=settings.start_images)
+
+    def _doc(self, summary: str, names: tuple[str, ...], returns: str) -> str:
+        docs = self._input_docs
         return (summary + "\n\nArgs:\n" + "\n".join(f"    {name}: {docs[name]}" for name in names)
                 + f"\n\nReturns:\n    {returns}")
 
