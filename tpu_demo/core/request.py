@@ -272,7 +272,7 @@ def input_docs(specs: Sequence[ModelSpec], limits: RequestLimits, style_refusal:
 
     def guidance(spec: ModelSpec) -> str:
         if spec.guidance_range is None:
-            return f"fixed at {spec.default_guidance} (any value 0-20 is accepted and ignored)"
+            return f"fixed at {spec.default_guidance} (any value {ANY_GUIDANCE[0]:g}-{ANY_GUIDANCE[1]:g} is accepted and ignored)"
         return f"{spec.guidance_range[0]}-{spec.guidance_range[1]}, default {spec.default_guidance}"
 
     def styles(spec: ModelSpec) -> str:
