@@ -38,12 +38,12 @@ def reduced_dtype() -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
-def reduced_spec(model_id: str, depth: int = 1) -> ModelSpec:
+def reduced_spec(model_id: str, depth: int = 1, buckets: tuple[Bucket, ...] = REAL_BUCKETS) -> ModelSpec:
     """The catalog entry of the real model, pointing at the reduced build, in ``reduced_dtype()`` on CPU."""
     real = CATALOG[model_id]
     cpu_dtype = str(reduced_dtype()).removeprefix("torch.")
     return replace(real, id=reduced_id(model_id), source=f"builtin:{reduced_id(model_id)}", cpu_dtype=cpu_dtype,
-                   buckets=REAL_BUCKETS, component_gb={}, min_steps=1, default_steps=1,
+                   buckets=buckets, component_gb={}, min_steps=1, default_steps=1,
                    call_kwargs={**real.call_kwargs, **_EXTRA_CALL_KWARGS.get(model_id, {})})
 
 
