@@ -24,6 +24,11 @@ import quick_tier  # noqa: E402
 from app_runner import free_port, free_ports, stop_app  # noqa: E402,F401 - tests import them from here
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread; keeps the other core for servers
+# autograd starts its device threads at a process's first backward, asking every registered backend how many
+# devices it has; torch-tpu, once a test has loaded it on a host without a TPU, waits for ever on the TPU
+# metadata server there. One backward now, before any test can load it, so the in-process training runs
+# (tests/support.py: run_script_main) never ask.
+torch.ones(1, requires_grad=True).sum().backward()
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker

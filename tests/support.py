@@ -136,3 +136,27 @@ def stopped_early(job, total: int) -> int:
     streamed, preview = job.outputs()[-1] if job.outputs() else ([], "")
     assert finished < total and len(streamed) == finished and not preview
     return finished
+
+
+def run_script_main(script: str, *argv: str) -> None:
+    """``scripts/<script>.py``'s ``main(argv)`` in this process: a new process per run would pay the torch and
+    diffusers imports again (most of a miniature run). The global RNG, thread count and determinism setting
+    the script changes are put back; a test that means a user's own run starts a process."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    module = importlib.import_module(script)
+    threads = torch.get_num_threads()
+    deterministic, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            module.main(list(argv))
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)

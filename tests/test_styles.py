@@ -23,6 +23,7 @@ from tpu_demo.core.request import RequestError, validate_request
 from tpu_demo.core.styles import StyleSpec
 
 from conftest import request_fields
+from support import run_script_main
 
 SHAPES = "tiny-shapes"
 SHAPE_PROMPT = "a large red square in the center on a white background"
@@ -309,27 +310,28 @@ def test_style_training_is_reproducible_from_its_seed(tmp_path):
     assert train("c", 1) != first
 
 
-def test_style_training_takes_a_batch_per_bucket(tmp_path):
+def _train_style(*argv: str) -> None:
+    run_script_main("train_tiny_style", *argv)
+
+
+def test_style_training_takes_a_batch_per_bucket(tmp_path, capsys):
     """``--batch 2,2`` is ``--batch 2`` (the same draws: the shipped adapters stay reproducible); ``2,1``
     trains another adapter; a list of the wrong length is refused naming the flag."""
-    import subprocess
-    import sys
-
-    def train(name: str, batch: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "scripts/train_tiny_style.py", "--style", "outline", "--output",
-                               str(tmp_path / name), "--images", "4", "--steps", "2", "--batch", batch,
-                               "--buckets", "64x64,96x64", "--threads", "1"],
-                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    def train(name: str, batch: str) -> None:
+        _train_style("--style", "outline", "--output", str(tmp_path / name), "--images", "4", "--steps", "2",
+                     "--batch", batch, "--buckets", "64x64,96x64", "--threads", "1")
 
     def adapter(name: str) -> bytes:
         return (tmp_path / name / "outline.safetensors").read_bytes()
 
     for name, batch in (("one", "2"), ("each", "2,2"), ("other", "2,1")):
-        assert train(name, batch).returncode == 0, batch
+        train(name, batch)
     assert adapter("each") == adapter("one")
     assert adapter("other") != adapter("one")
-    refused = train("wrong", "2,2,2")
-    assert refused.returncode == 2 and "--batch: one number, or one per --buckets entry (2)" in refused.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        train("wrong", "2,2,2")
+    assert refused.value.code == 2 and "--batch: one number, or one per --buckets entry (2)" in capsys.readouterr().err
 
 
 def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
@@ -342,16 +344,11 @@ def test_style_training_recipe_flags_change_only_what_they_name(tmp_path):
     caption-only layer of the double-stream blocks and keeps the rest, and ``--layers ff`` keeps only the
     image tokens' feed-forward layers: each a subset of the default's layers (it would hot-swap on the
     same slot)."""
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
     def train(name: str, *flags: str) -> Path:
-        subprocess.run([sys.executable, "scripts/train_tiny_style.py", "--style", "striped", "--output",
-                        str(tmp_path / name), "--images", "4", "--steps", "2", "--batch", "2", "--buckets", "64x64",
-                        "--threads", "1", *flags],
-                       check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+        _train_style("--style", "striped", "--output", str(tmp_path / name), "--images", "4", "--steps", "2",
+                     "--batch", "2", "--buckets", "64x64", "--threads", "1", *flags)
         return tmp_path / name / "striped.safetensors"
 
     default = train("default")

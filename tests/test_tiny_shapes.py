@@ -396,14 +396,20 @@ def trained(tmp_path_factory):
 POLISH = ("--vae-decoder-steps", "4", "--vae-decoder-styles", "outline,striped")
 
 
-def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
+def _train(tmp_path: Path, name: str, seed: int, *extra: str, own_process: bool = False) -> Path:
+    """A miniature run of scripts/train_tiny_model.py (in this process unless ``own_process``, as a user runs it)."""
     import subprocess
     import sys
+
+    from support import run_script_main
 
     out = tmp_path / name
     args = ["--output", str(out), "--seed", str(seed), "--threads", "1", "--num-images", "24", "--vae-steps", "6",
             "--vae-full-steps", "4", "--vae-batch-size", "8", "--steps", "6", "--batch-sizes", "8,2,4,4",
             "--log-every", "1", "--vae-decoder-steps", "0", *extra]
+    if not own_process:
+        run_script_main("train_tiny_model", *args)
+        return out
     run = subprocess.run([sys.executable, "scripts/train_tiny_model.py", *args], cwd=MODEL_DIR.parents[2],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"})
@@ -412,10 +418,11 @@ def _train(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
 
 
 def test_training_script_is_reproducible_from_its_seed(tmp_path, trained):
-    """A miniature run of the real training script, twice with one seed and once with another."""
+    """A miniature run of the real training script, twice with one seed (the second in a process of its own,
+    as a user runs it) and once with another."""
     from safetensors.numpy import load_file
 
-    first, again, other = trained(5), _train(tmp_path, "again", 5), trained(6)
+    first, again, other = trained(5), _train(tmp_path, "again", 5, own_process=True), trained(6)
     for component in ("transformer/diffusion_pytorch_model", "vae/diffusion_pytorch_model", "text_encoder_2/model"):
         a, b, c = (load_file(run / f"{component}.safetensors") for run in (first, again, other))
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), component
