@@ -25,7 +25,7 @@ from tpu_demo.device import DeviceInfo, DeviceUnavailable, detect_device, device
 from tpu_demo.launch.chips import ChipsError, Host, plan_chips
 from tpu_demo.launch.config import AppConfig
 from tpu_demo.launch.fleet import NGINX_CONF, REPO, SYNC, engine_ports, nginx_binary
-from tpu_demo.launch.serve import offered_models
+from tpu_demo.launch.offer import offered_models
 from tpu_demo.models.placement import PlacementError, choose_placement
 from tpu_demo.models.placement_plan import plan_serving
 from tpu_demo.models.weights import weights_report

@@ -51,7 +51,7 @@ def without_flags(argv: Sequence[str], names: Sequence[str]) -> list[str]:
 def probe_host(argv: Sequence[str]) -> tuple[Host, tuple[str, ...]]:
     """The host's chips and the offered models, from a child process that exits before engines start."""
     code = ("import json, sys; from tpu_demo.device import scan_tpu_chips; from tpu_demo.launch.config import parse_config; "
-            "from tpu_demo.launch.serve import offered_models; chips, name, hbm = scan_tpu_chips(); "
+            "from tpu_demo.launch.offer import offered_models; chips, name, hbm = scan_tpu_chips(); "
             "print('HOST ' + json.dumps({'chips': chips, 'name': name, 'hbm': hbm, "
             "'models': list(offered_models(parse_config(sys.argv[1:])))}))")
     env = {**_child_base_env(), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}  # a PCI scan, never the runtime

@@ -13,15 +13,15 @@ from tpu_demo.web import gradio_internals
 from tpu_demo.web.admission import AdmissionLimits
 from tpu_demo.web.guard import Guard, event_table
 from tpu_demo.web.api import TOOLS
-from tpu_demo.core.catalog import CATALOG, DEFAULT_MODEL_ID, REAL_MODEL_IDS, TINY_MODEL_IDS, Placement
+from tpu_demo.core.catalog import Placement
 from tpu_demo.engine.compile_cache import use_compile_cache
 from tpu_demo.launch.config import AppConfig
+from tpu_demo.launch.offer import offered_models, start_model
 from tpu_demo.device import DeviceInfo, detect_device
 from tpu_demo.engine.engine import Engine, EngineConfig
 from tpu_demo.engine.warm_all import WarmAll
 from tpu_demo.web.health import health_routes
 from tpu_demo.core.readiness import ReadinessCheck
-from tpu_demo.models.loading import hub_weights_present
 from tpu_demo.distributed.lockstep import Lockstep
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import RequestLimits
@@ -48,31 +48,6 @@ class App:
     history: SessionHistory | None = None
     #: ``--warm all``: every offered model's warmup, in order (None: only the start model's)
     warm_all: WarmAll | None = None
-
-
-def offered_models(config: AppConfig) -> tuple[str, ...]:
-    """The operator's list, else the tiny models plus the real ones whose weights are present.
-
-    A tensor-parallel run offers only models that can be sharded: a model the operator named that
-    cannot be is refused (exit naming it), one found by default is left out with a log line.
-    """
-    models = config.models or TINY_MODEL_IDS + tuple(m for m in REAL_MODEL_IDS if hub_weights_present(CATALOG[m]))
-    if config.model and config.model not in models:
-        models = (config.model,) + models
-    if config.tensor_parallel:
-        unshardable = [m for m in models if Placement.TENSOR_PARALLEL not in CATALOG[m].placements]
-        if unshardable and config.models:
-            raise SystemExit(f"app.py: error: --models: {', '.join(unshardable)} cannot be served tensor-parallel "
-                             "(no tensor-parallel plan); serve it from its own engine (docs/placements.md)")
-        if unshardable:
-            log.info("tensor parallel: not offering %s (no tensor-parallel plan)", ", ".join(unshardable))
-        models = tuple(m for m in models if m not in unshardable)
-    return models
-
-
-def start_model(config: AppConfig, models: tuple[str, ...]) -> str:
-    """``--model``, else the embedded default when offered, else the first offered model."""
-    return config.model or (DEFAULT_MODEL_ID if DEFAULT_MODEL_ID in models else models[0])
 
 
 def build_engine(config: AppConfig, device: DeviceInfo, lockstep: Lockstep | None = None) -> Engine:
