@@ -58,7 +58,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds a restart probe may take")
     parser.add_argument("--smoke", action="store_true",
-                        help="CI: 64x64, 2 steps, 2 buckets, aot_eager, few repetitions (checks it runs, not speed)")
+                        help="CI: 64x64, 2 steps, 2 buckets, aot_eager, few repetitions, start-up probes at --max-batch 1 "
+                             "(checks it runs, not speed)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.resolution, args.buckets, args.steps = "64x64", "64x64,96x64", 2
@@ -158,7 +159,8 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.switch_probe import measure_switch
 
     _section(results, "switch", lambda: measure_switch(work_dir, args.model, args.switch_to, str(main_bucket),
-                                                       args.compile_backend, threads, args.startup_timeout + 120))
+                                                       args.compile_backend, threads, args.startup_timeout + 120,
+                                                       max_batch=1 if args.smoke else 0))
     from benchmarks.styles import measure_style_switch
 
     _section(results, "style_switch", lambda: measure_style_switch(

@@ -329,6 +329,8 @@ def measure_restart(args: argparse.Namespace, work_dir: Path, buckets: str) -> d
              "--buckets", buckets, "--mode", "compiled", "--compile-backend", args.compile_backend]
     if args.threads:
         flags += ["--threads", str(args.threads)]
+    if args.smoke:  # one graph per bucket, not one per batch size: the start-ups are what the smoke runs
+        flags += ["--max-batch", "1"]
     if args.device:
         flags += ["--device", args.device]
     ours = {name for name, value in compile_cache_env(args.main_cache_dir).items() if os.environ.get(name) == value}

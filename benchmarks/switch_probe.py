@@ -58,7 +58,8 @@ def probe(argv: Sequence[str]) -> dict[str, Any]:
     bucket = Bucket.parse(args.bucket)
     models = (args.model, args.other)
     engine = Engine(EngineConfig(models_dir=config.resolved_cache_dir / "models", cpu_compile_backend=config.compile_backend,
-                                 offered_models=models, bucket_overrides={m: (bucket,) for m in models}),
+                                 offered_models=models, bucket_overrides={m: (bucket,) for m in models},
+                                 max_batch=config.max_batch),
                     detect_device(config.device))
     mode = ExecutionMode.COMPILED
     started = time.perf_counter()
@@ -103,8 +104,9 @@ def _split(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
 
 
 def measure_switch(work_dir: Path, model: str, other: str, bucket: str, backend: str, threads: int | None,
-                   timeout: float) -> dict[str, Any]:
-    """The switch from ``model`` to ``other`` in two fresh processes: never warmed, then pre-warmed."""
+                   timeout: float, max_batch: int = 0) -> dict[str, Any]:
+    """The switch from ``model`` to ``other`` in two fresh processes: never warmed, then pre-warmed
+    (``max_batch``: ``--max-batch``; 0, each model's own)."""
     from tpu_demo.engine.compile_cache import compile_cache_env
 
     # the caller's own cache variables would win over the probe's (a variable already set is left alone)
@@ -114,6 +116,8 @@ def measure_switch(work_dir: Path, model: str, other: str, bucket: str, backend:
         flags = ["--cache-dir", str(work_dir / f"switch-{warm}"), "--compile-backend", backend]
         if threads:
             flags += ["--threads", str(threads)]
+        if max_batch:
+            flags += ["--max-batch", str(max_batch)]
         command = [sys.executable, "-m", "benchmarks.switch_probe", "--warm", warm, "--model", model, "--other", other,
                    "--bucket", bucket, "--", *flags]
         out = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
