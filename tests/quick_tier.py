@@ -16,6 +16,7 @@ QUICK_TIER: dict[str, tuple[str, ...]] = {
              "test_styles.py::test_style_fields_are_validated_naming_the_field"),
     "device": ("test_device.py::test_detects_cpu_here", "test_device.py::test_cpu_mode_descriptions_say_what_runs",
                "test_device.py::test_eager_modes_run_compiled_functions_eagerly",
+               "test_device.py::test_a_google_pci_device_or_a_loaded_torch_tpu_sends_detection_to_torch_tpu",
                "test_tpu_path.py::test_detection_picks_the_tpu_when_torch_tpu_reports_chips",
                "test_tpu_path.py::test_seed_compiled_whole_moves_to_tpu_and_compiles_the_full_transformer_once"),
     "models": ("test_catalog_placement.py::test_catalog_holds_the_source_document_models",

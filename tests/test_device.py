@@ -27,6 +27,42 @@ def test_detection_with_torch_tpu_autoloaded_does_not_crash():
     assert out.stdout.strip().splitlines()[-1] == "cpu"
 
 
+def test_a_host_without_a_google_pci_device_detects_cpu_without_importing_torch_tpu():
+    """This host's PCI bus has no device of Google's vendor id: a process with autoload off learns it has
+    no chips without importing torch-tpu (its import costs seconds), and the launcher's scan says 0 chips."""
+    from tpu_demo import device
+
+    assert not device.host_may_have_tpu(), "this test machine has a Google PCI device"
+    code = ("import sys; from tpu_demo.device import detect_device, scan_tpu_chips; "
+            "print(detect_device().kind, scan_tpu_chips(), 'torch_tpu' in sys.modules)")
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "cpu (0, '', None) False"
+
+
+def test_a_google_pci_device_or_a_loaded_torch_tpu_sends_detection_to_torch_tpu(tmp_path, monkeypatch):
+    """PCI devices as /sys lists them: one of Google's vendor id (0x1ae0, what torch-tpu's scan counts),
+    or a bus that cannot be read, means torch-tpu is asked; other vendors alone do not."""
+    from tpu_demo import device
+
+    def bus(*vendors: str):
+        root = tmp_path / f"bus-{len(list(tmp_path.iterdir()))}"
+        for index, vendor in enumerate(vendors):
+            (root / f"0000:00:0{index}.0").mkdir(parents=True)
+            (root / f"0000:00:0{index}.0" / "vendor").write_text(vendor + "\n")
+        return root
+
+    monkeypatch.delitem(sys.modules, "torch_tpu", raising=False)
+    for root, expected in ((bus("0x8086", "0x1af4"), False), (bus("0x8086", "0x1ae0"), True),
+                           (tmp_path / "no-bus-here", True)):
+        monkeypatch.setattr(device, "PCI_DEVICES", root)
+        assert device.host_may_have_tpu() is expected, root
+    monkeypatch.setattr(device, "PCI_DEVICES", bus("0x10de"))
+    monkeypatch.setitem(sys.modules, "torch_tpu", object())  # loaded already (autoload, the stand-in)
+    assert device.host_may_have_tpu()
+
+
 def test_cpu_mode_descriptions_say_what_runs():
     device = detect_device()
     assert describe_mode(ExecutionMode.COMPILED, device, "inductor") == "compiled (inductor on cpu)"

@@ -11,7 +11,9 @@ import contextlib
 import gc
 import logging
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -77,10 +79,34 @@ def pinned_chip() -> int | None:
     return int(value) if value.isdigit() else None
 
 
+#: where torch-tpu's scan looks for chips: PCI devices of Google's vendor id
+PCI_DEVICES = Path("/sys/bus/pci/devices")
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def host_may_have_tpu() -> bool:
+    """Whether torch-tpu's scan could find a chip here: torch-tpu is loaded already, or a PCI device of
+    Google's vendor id exists (or the bus cannot be read). False lets a host without one skip importing
+    torch-tpu (about 4 s) only to hear it has no chips."""
+    if "torch_tpu" in sys.modules:
+        return True
+    try:
+        devices = list(PCI_DEVICES.iterdir())
+    except OSError:
+        return True
+    for device in devices:
+        try:
+            if (device / "vendor").read_text().strip() == GOOGLE_PCI_VENDOR:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def scan_tpu_chips() -> tuple[int, str, int | None]:
     """(chips, name, HBM bytes per chip) of this host from torch-tpu's PCI scan, without starting
     its runtime (a launcher must not hold the chips its engines will use); (0, "", None) without."""
-    hardware = _torch_tpu_hardware()
+    hardware = _torch_tpu_hardware() if host_may_have_tpu() else None
     if hardware is None:
         return 0, "", None
     try:
@@ -145,7 +171,8 @@ def detect_device(preferred: str | None = None) -> DeviceInfo:
     any host; "tpu" or "cuda" raises DeviceUnavailable (naming the reason) when that device does
     not start, instead of serving on another one. Without ``preferred`` it never raises.
     """
-    hardware = _torch_tpu_hardware()
+    # "tpu" asked for: torch-tpu itself says why it cannot start (not importable, no chips, no runtime)
+    hardware = _torch_tpu_hardware() if preferred == "tpu" or host_may_have_tpu() else None
     if preferred == "tpu":
         if hardware is None:
             raise DeviceUnavailable("--device tpu: torch-tpu is not importable here (pip install torch-tpu on "
