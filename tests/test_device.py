@@ -27,11 +27,12 @@ def test_detection_with_torch_tpu_autoloaded_does_not_crash():
     assert out.stdout.strip().splitlines()[-1] == "cpu"
 
 
-def test_a_host_without_a_google_pci_device_detects_cpu_without_importing_torch_tpu():
+def test_a_host_without_a_google_pci_device_detects_cpu_without_importing_torch_tpu(monkeypatch):
     """This host's PCI bus has no device of Google's vendor id: a process with autoload off learns it has
     no chips without importing torch-tpu (its import costs seconds), and the launcher's scan says 0 chips."""
     from tpu_demo import device
 
+    monkeypatch.delitem(sys.modules, "torch_tpu", raising=False)  # an earlier test in this worker may load it
     assert not device.host_may_have_tpu(), "this test machine has a Google PCI device"
     code = ("import sys; from tpu_demo.device import detect_device, scan_tpu_chips; "
             "print(detect_device().kind, scan_tpu_chips(), 'torch_tpu' in sys.modules)")
