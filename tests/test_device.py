@@ -64,6 +64,21 @@ def test_a_google_pci_device_or_a_loaded_torch_tpu_sends_detection_to_torch_tpu(
     assert device.host_may_have_tpu()
 
 
+def test_device_cpu_or_cuda_never_imports_torch_tpu_even_on_a_host_with_a_google_device(tmp_path):
+    """``--device cpu`` (or cuda) on a host whose bus lists a Google device: torch-tpu stays unimported;
+    detection without ``--device`` on the same bus does import it (it may find chips there)."""
+    card = tmp_path / "0000:00:04.0"
+    card.mkdir()
+    (card / "vendor").write_text("0x1ae0\n")
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    for preferred, imports in (("'cpu'", False), ("None", True)):
+        code = (f"import sys, pathlib; from tpu_demo import device; device.PCI_DEVICES = pathlib.Path({str(tmp_path)!r}); "
+                f"print(device.detect_device({preferred}).kind, 'torch_tpu' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] == f"cpu {imports}", preferred
+
+
 def test_cpu_mode_descriptions_say_what_runs():
     device = detect_device()
     assert describe_mode(ExecutionMode.COMPILED, device, "inductor") == "compiled (inductor on cpu)"

@@ -171,8 +171,10 @@ def detect_device(preferred: str | None = None) -> DeviceInfo:
     any host; "tpu" or "cuda" raises DeviceUnavailable (naming the reason) when that device does
     not start, instead of serving on another one. Without ``preferred`` it never raises.
     """
-    # "tpu" asked for: torch-tpu itself says why it cannot start (not importable, no chips, no runtime)
-    hardware = _torch_tpu_hardware() if preferred == "tpu" or host_may_have_tpu() else None
+    # "tpu" asked for: torch-tpu itself says why it cannot start (not importable, no chips, no runtime);
+    # "cuda" or "cpu" asked for: torch-tpu is never imported
+    hardware = (_torch_tpu_hardware() if preferred == "tpu" or (preferred is None and host_may_have_tpu())
+                else None)
     if preferred == "tpu":
         if hardware is None:
             raise DeviceUnavailable("--device tpu: torch-tpu is not importable here (pip install torch-tpu on "
