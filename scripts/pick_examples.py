@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from tiny_shapes.dataset import parse_caption  # noqa: E402
 from tiny_shapes.judge import evaluate_pipeline  # noqa: E402
-from tpu_demo.web.handlers import MAX_EXAMPLES  # noqa: E402
+from tpu_demo.core.examples import MAX_EXAMPLES  # noqa: E402
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "models" / "tiny-shapes"
 

@@ -115,6 +115,38 @@ def test_only_device_module_touches_torch_tpu():
     assert touching == ["tpu_demo.device"]
 
 
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def test_every_name_the_scripts_benchmarks_and_tests_import_from_the_package_exists():
+    """A script run by hand (pick_examples, train_*) is not started by any test: its imports are checked here."""
+    users = [*ROOT.glob("scripts/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("tests/*.py"),
+             *ROOT.glob("tiny_shapes/*.py")]
+    missing = []
+    for user in users:
+        for node in ast.walk(ast.parse(user.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] in ("tpu_demo", "tiny_shapes", "benchmarks")):
+                continue
+            base = ROOT.joinpath(*node.module.split("."))
+            source = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+            defined = _top_level_names(source) if source.is_file() else set()
+            missing += [f"{user.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
+                        if alias.name not in defined and not (base / alias.name).exists()
+                        and not (base / f"{alias.name}.py").exists()]
+    assert missing == []
+
+
 def test_runtime_never_imports_the_training_package():
     users = [_module_name(p) for p in PACKAGE.rglob("*.py") if any(n.startswith("tiny_shapes") for n in _imports(p))]
     assert users == []
