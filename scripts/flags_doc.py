@@ -14,7 +14,7 @@ from tpu_demo.launch.config import help_text  # noqa: E402
 HEADER = """# Flags
 
 For operators: every setting of the app. Each flag has an environment twin `TPU_DEMO_<NAME>`
-(`--memory-budget` -> `TPU_DEMO_MEMORY_BUDGET`; switches take `1`/`true`/`yes`/`on`); the command line
+(`--memory-budget` -> `TPU_DEMO_MEMORY_BUDGET`; switches take `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`); the command line
 wins. `--host` and `--port` also read Gradio's `GRADIO_SERVER_NAME` / `GRADIO_SERVER_PORT` (what
 Hugging Face Spaces sets) after their twin: flag, then `TPU_DEMO_HOST`, then `GRADIO_SERVER_NAME`,
 then the default. A bad value exits with status 2 and one line naming the flag. This page is generated from

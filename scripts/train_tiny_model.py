@@ -4,8 +4,8 @@
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 python scripts/train_tiny_model.py --output assets/models/tiny-shapes --seed 0
 
 The defaults are the four-bucket recipe that made the shipped weights
-(docs/tiny-shapes.md#history, "fourth" for the VAE stage, "sixth" for one summed loss
-over the four buckets per transformer step, "eighth" for training scenes whose objects
+(commits 5717782 for the VAE stage, 93d0a69 for one summed loss
+over the four buckets per transformer step, 531ac6c for training scenes whose objects
 stand exactly at their positions, ``--jitter 0``).
 Stages (each with a tqdm bar; losses go to ``<output>/train_log.jsonl``):
 
@@ -80,7 +80,7 @@ def parse_args(argv=None):
                    help="grammar: the one sentence per scene of the shipped weights; varied: people's words from "
                         "tiny_shapes.captions.describe (synonyms, word orders, left-out attributes drawn by the scene, "
                         "stray words; the held-out phrasings never), with the text side built for them "
-                        "(docs/tiny-shapes.md#history, 'ninth': measured, not shipped)")
+                        "(commit 99bd8be: measured, not shipped)")
     p.add_argument("--full-share", type=float, default=0.4,
                    help="varied captions: share that names every attribute (the rest leave some out)")
     p.add_argument("--couple-left-out", nargs="?", const="statistic", choices=("statistic", "nearest"), default=None,
@@ -89,7 +89,7 @@ def parse_args(argv=None):
                         "statistic (the eleventh attempt): a fixed statistic of the noise names position, size and "
                         "background; nearest: the noise points towards the scene's latent more than towards the scene "
                         "with its left-out positions and sizes set any other way (an optimal-transport pairing; "
-                        "docs/tiny-shapes.md#history, 'twelfth': measured, not shipped)")
+                        "commit 0ba5597: measured, not shipped)")
     p.add_argument("--alternatives", type=int, default=9,
                    help="--couple-left-out nearest: at most this many other layouts per scene (one object with "
                         "position and size left out has 9; two objects more, of which this many are drawn)")
@@ -118,7 +118,7 @@ def parse_args(argv=None):
                    help="reconstruction loss weight of the pixels on or next to an object (background: 1)")
     p.add_argument("--vae-decoder-steps", type=int, default=800,
                    help="then steps of the decoder alone (encoder frozen) on whole images of every bucket in turn; "
-                        "400 lift the VAE's 128x128 ceiling above 95%% (docs/tiny-shapes.md#history, 'seventh'), and "
+                        "400 lift the VAE's 128x128 ceiling above 95%% (commit 4097b95), and "
                         "with --vae-decoder-styles they let the style adapters' borders and bands through ('Styles')")
     p.add_argument("--vae-decoder-lr", type=float, default=5e-4)
     p.add_argument("--vae-decoder-object-weight", type=float, default=4.0,
@@ -136,7 +136,7 @@ def parse_args(argv=None):
     p.add_argument("--extend-vocabulary", action="store_true",
                    help="with --init-from a grammar-trained pipeline and --captions varied: whole T5 pieces for "
                         "people's words, each started from its synonym's embedding (tiny_shapes.model.extend_vocabulary; "
-                        "docs/tiny-shapes.md#history, 'tenth')")
+                        "commit e91b607)")
     p.add_argument("--vae-blocks", type=str, default="16,32,64",
                    help="VAE block_out_channels; n blocks make vae_scale_factor 2**(n-1)")
     p.add_argument("--latent-channels", type=int, default=4,

@@ -99,6 +99,14 @@ def test_imports_only_go_down():
     assert upward == []
 
 
+def test_no_helper_of_the_engine_imports_the_engine():
+    """Engine helpers are handed the collaborators they use (docs/architecture.md), never ``Engine``."""
+    graph = _graph()
+    users = sorted(module for module, targets in graph.items()
+                   if module.startswith("tpu_demo.engine.") and "tpu_demo.engine.engine" in targets)
+    assert users == []
+
+
 @pytest.mark.parametrize("module", sorted(_graph()))
 def test_every_module_belongs_to_a_layer(module):
     assert _layer(module) in ALLOWED

@@ -60,6 +60,17 @@ def test_bad_environment_value_exits_2():
     assert exit_info.value.code == 2
 
 
+def test_a_switchs_environment_twin_reads_on_off_words_and_refuses_anything_else(capsys):
+    """``TPU_DEMO_NO_MCP=maybe`` is a typo, not "off": it exits 2 naming the variable, as a bad flag does."""
+    for raw, expected in (("1", True), ("Yes", True), (" ON ", True), ("0", False), ("off", False), ("FALSE", False)):
+        assert parse_config([], environ={"TPU_DEMO_NO_MCP": raw}).no_mcp is expected, raw
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config([], environ={"TPU_DEMO_NO_MCP": "maybe"})
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert "TPU_DEMO_NO_MCP" in line and "--no-mcp" in line and "'maybe'" in line and "off" in line, line
+
+
 def test_flags_doc_is_the_current_help_text():
     """docs/flags.md is generated from the flags' one declaration; regenerate with scripts/flags_doc.py."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

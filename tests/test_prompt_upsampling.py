@@ -238,3 +238,27 @@ def test_flux2_rewrites_through_diffusers_upsample_prompt_before_the_pipeline(ma
     assert loaded.upsampler.rewrite("a red circle", 3).text == drawn  # seeded: reproducible
     plain = engine_images(engine, **fields)[0]  # off by default for FLUX.2
     assert "drawn_prompt" not in plain.parameters
+
+
+def test_the_model_cards_rewrite_example_prints_what_it_shows():
+    """The card's snippet, run as a reader would paste it (from the repository root): its last line
+    evaluates to the result written under it."""
+    import ast
+    import os
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    card = (root / "assets" / "models" / "tiny-shapes" / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"^```python\n(.*?)^```", card, re.S | re.M) if "rewrite(" in block]
+    *code, last, shown = snippet.strip().splitlines()
+    assert shown.startswith("# "), shown
+    scope: dict = {}
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        exec("\n".join(code), scope)
+        value = eval(last, scope)
+    finally:
+        os.chdir(here)
+    assert value == ast.literal_eval(shown[2:])

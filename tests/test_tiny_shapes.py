@@ -322,7 +322,7 @@ def test_true_cfg_never_recompiles_in_compiled_mode(make_engine):
 #: two-shape prompt (9 of 100), on every bucket, with the shipped inference defaults.
 SLICE = {"single": slice(None, None, 14), "two": slice(None, None, 12)}
 #: What the slice must reach, a guard against regressions set from the shipped weights' figures
-#: (docs/tiny-shapes.md#history, "eighth"; the slice measured 8/8 single shapes all right at every
+#: (the base weights trained with `--jitter 0`; the slice measured 8/8 single shapes all right at every
 #: bucket, two shapes 9/9, 8/9, 9/9, 8/9 at 64x64 / 128x128 / 96x64 / 64x96), one image of margin
 #: below the worst bucket. The whole held-out sets meet the targets (single all >= 95%, two
 #: shapes both objects all right >= 80%, at every bucket: 98.2% and 96-100%); a slice of 8 or 9
@@ -525,7 +525,7 @@ def test_the_decoder_learns_the_styles_from_their_drawings():
 
 def test_training_scenes_stand_exactly_at_their_positions():
     """The training script's default scenes have no jitter: every object is drawn at its layout
-    position, so a caption is one picture on each canvas (docs/tiny-shapes.md#history, "eighth").
+    position, so a caption is one picture on each canvas (docs/tiny-shapes.md#what-the-attempts-taught).
     The judges are still tested on jittered scenes (test_captions_match_pixels)."""
     import sys
 

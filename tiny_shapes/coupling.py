@@ -4,7 +4,7 @@ left-out attributes, for training on visitors' words.
 Trained with independent noise, a caption that leaves the position out ("a red circle") has five
 right answers for every starting noise, and the rectified-flow target is their average: the tiny
 transformer learned to draw two to four faint copies at once and sharpen them all
-(docs/tiny-shapes.md#history, "tenth"). Here each training sample's noise is drawn so that a
+(commit e91b607). Here each training sample's noise is drawn so that a
 simple statistic of it names the scene's left-out values (rejection sampling: the noise stays an
 exact standard normal draw, only conditioned). The answer is then one function of the noise the
 model can read at the first step, and at inference the seed's noise picks one layout, with

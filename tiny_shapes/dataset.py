@@ -70,7 +70,7 @@ SIDE = {"small": 14, "large": 26}
 JITTER = (-2, -1, 0, 1, 2)
 #: The training scenes' offsets: none, so a caption is one picture. With five offsets per axis the
 #: transformer had to pick one for all of an object's tokens at once; its misses were dented edges
-#: and stray fragments, and without jitter they went (docs/tiny-shapes.md#history, "eighth").
+#: and stray fragments, and without jitter they went (commit 531ac6c).
 TRAINING_JITTER = (0,)
 
 #: Every word of the grammar (whole-word pieces for the T5 tokenizer).

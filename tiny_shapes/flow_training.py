@@ -117,7 +117,7 @@ def pipeline_with(pipe, weights: Trainable):
 def sample_sigmas(kind: str, table: torch.Tensor, batch: int, gen: torch.Generator) -> torch.Tensor:
     """Noise levels of one batch: ``uniform`` over the scheduler's training sigmas ``table``, or SD3's
     ``logit-normal`` (sigmoid of a standard normal: most samples at mid noise, few near 0 or 1;
-    docs/tiny-shapes.md#history, "pilots", measures what it buys)."""
+    commit 5fd955b, measures what it buys)."""
     if kind == "logit-normal":
         return torch.sigmoid(torch.randn(batch, generator=gen))
     return table[torch.randint(0, len(table), (batch,), generator=gen)]

@@ -8,7 +8,7 @@ random initialisation and are trained together with the transformer (scripts/tra
 
 Two wordings: :data:`GRAMMAR`, the one sentence per scene of the shipped weights, and
 :data:`VARIED`, people's words from :mod:`tiny_shapes.captions` (longer captions, punctuation as
-pieces; docs/tiny-shapes.md#history, "ninth"). :data:`EXTENDED` is the grammar's tokenizer with whole
+pieces; commit 99bd8be). :data:`EXTENDED` is the grammar's tokenizer with whole
 pieces for people's words appended, for fine-tuning grammar-trained weights on them
 (:func:`extend_vocabulary`; "Tenth attempt").
 """

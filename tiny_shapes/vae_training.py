@@ -97,7 +97,7 @@ def train_decoder(vae, full_sets: list[tuple[np.ndarray, np.ndarray]], args, log
     GroupNorm and the mid-block attention span the whole canvas, so a VAE trained mostly on 64x64
     crops and scenes decoded small shapes on a large gray canvas with a halo (its own 128x128
     reconstructions judged right in 92.7%, below the 95% target for any model; 97.3% after 400 of
-    these steps, docs/tiny-shapes.md#history, "seventh"). The latents are
+    these steps, commit 4097b95). The latents are
     the encoder's means, exactly what the transformer is trained on and which this phase leaves
     unchanged; the pixels on and next to objects weigh ``--vae-decoder-object-weight`` more.
     """

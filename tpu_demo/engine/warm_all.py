@@ -12,13 +12,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from tpu_demo.core.events import BucketState, BucketStatus
+from tpu_demo.core.events import BucketState, BucketStatus, ShapeKey
 from tpu_demo.core.modes import ExecutionMode
-
-if TYPE_CHECKING:
-    from tpu_demo.engine.engine import Engine
 
 log = logging.getLogger("tpu_demo.engine")
 
@@ -33,11 +30,19 @@ def mode_order(modes: tuple[ExecutionMode, ...], start: ExecutionMode) -> tuple[
     return tuple(mode for mode in modes if mode is not start) + ((start,) if start in modes else ())
 
 
+class Warmable(Protocol):
+    """What ``WarmAll`` uses of the engine."""
+
+    def configured_shapes(self, model_id: str, mode: ExecutionMode) -> list[ShapeKey]: ...
+
+    def warmup(self, model_id: str, mode: ExecutionMode) -> list[BucketStatus]: ...
+
+
 @dataclass
 class WarmAll:
     """Warms ``models`` in every one of ``modes`` in a background thread; readable from any thread."""
 
-    engine: "Engine"
+    engine: Warmable
     models: tuple[str, ...]
     start_model: str
     #: the start mode (warmed last, so the page's first request finds it warm)

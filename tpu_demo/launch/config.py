@@ -257,6 +257,17 @@ def _named(parse: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
     return wrapper
 
 
+#: what a switch's environment twin may say
+SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _switch(raw: str) -> bool:
+    try:
+        return SWITCH_WORDS[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"a switch is one of {', '.join(SWITCH_WORDS)}") from None
+
+
 def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> AppConfig:
     """Parse flags, falling back to ``TPU_DEMO_*`` variables, then defaults; exit 2 on bad values."""
     environ = os.environ if environ is None else environ
@@ -268,11 +279,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
             values[name] = args[name]
         elif environ.get(env, "") != "":
             raw = environ[env]
-            if parse is None:
-                values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
-                continue
             try:
-                values[name] = parse(raw)
+                values[name] = (parse or _switch)(raw)
             except (ValueError, TypeError) as error:
                 sys.stderr.write(f"app.py: error: {env} ({option}) {raw!r}: {error}\n")
                 raise SystemExit(2) from None
