@@ -138,11 +138,9 @@ class ApiEndpoints:
 
     def _endpoint(self, name: str, call: Callable[[dict[str, Any], Any], Any], inputs: tuple[str, ...],
                   defaults: dict[str, Any], returns: Any, summary: str, returned: str, stream: bool = False) -> Callable:
-        """A function ``gr.api`` reads as the endpoint ``name`` (the MCP tool's name too) taking ``inputs`` by
-        name, typed by ``INPUT_TYPES``, each defaulting to ``defaults`` or, for an input the model decides, to
-        None (``| None`` in its type), then the caller's ``gr.Request``; it hands ``call`` the named inputs less
-        those left out and the request, and streams what ``call`` yields when ``stream``. Its docstring documents
-        ``inputs`` for this server."""
+        """The function ``gr.api`` reads as endpoint ``name``: ``inputs`` by name (typed by ``INPUT_TYPES``, each
+        defaulting to ``defaults`` or else None: the model decides) and the ``gr.Request``; ``call`` gets the
+        inputs the caller gave, and the request."""
         def parameter(input_name: str, default: Any) -> inspect.Parameter:
             hint = INPUT_TYPES[input_name] if default is not None else INPUT_TYPES[input_name] | None
             return inspect.Parameter(input_name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=hint)
@@ -218,11 +216,7 @@ class ApiEndpoints:
         return "\n".join(lines)
 
     def compare(self, named: dict[str, Any], request: gr.Request | None) -> str:
-        final: tuple[Any, ...] = ()
-        updates: Iterator = self.comparer.compare_modes(request=request, **named)
-        for update in updates:
-            final = update
-        gallery, _, figures = final
+        *_, (gallery, _, figures) = self.comparer.compare_modes(request=request, **named)  # the last update
         root = _root_url(request)
         lines = [f"Compared on {self.engine.device.badge}, warm against warm, fastest of {figures['timed_rounds']} "
                  f"timed rounds per mode:"]

@@ -56,7 +56,3 @@ def stop_key(session_hash: Any, headers: Any) -> str | None:
         return f"{owner}/{session_hash}"
     return None
 
-
-def request_headers(request: Any) -> Any:
-    """The headers of a ``gr.Request`` / Starlette request / test stand-in (None if it has none)."""
-    return getattr(request, "headers", None) if request is not None else None

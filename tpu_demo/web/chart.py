@@ -65,11 +65,11 @@ KEEP_FIGURES_OPEN_JS = """() => {
 }"""
 
 
-def speed_plot(runs: RecentRuns, model_id: str) -> gr.BarPlot:
+def speed_plot(frame: pd.DataFrame) -> gr.BarPlot:
+    """The chart of ``speed_frame``'s bars."""
     # one colour: Gradio 6.31 fixes a colour scale's domain at the first frame, often still empty here
     # "-x": strict, optimized, compiled (the labels' reverse alphabet); a data-dependent order would be
     # fixed by the browser at the first frame, like the colours
-    frame = speed_frame(runs.snapshot(), model_id)
     # hidden (not in the page) while empty: an empty chart is a box with axes and nothing to read
     return gr.BarPlot(frame, visible=not frame.empty, x="shape", y="seconds per image", sort="-x",
                       y_lim=[0, None], x_title="mode, bucket \u00b7 steps",

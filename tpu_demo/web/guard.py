@@ -74,12 +74,8 @@ def route_of(scope: Scope) -> Route:
 
 
 class Guard:
-    """ASGI middleware: the owner cookie, the body checks, admission of device work and the stop events.
-
-    ``guarded``: the api names that run the device (the page's and the MCP tools'); ``events()``: every
-    handler's inputs by ``fn_index`` and by api name; ``tools``: every MCP tool answered (a call to another
-    endpoint is refused); ``input_schema(tool)``: its argument schema as the MCP server lists it.
-    """
+    """ASGI middleware. ``guarded``: the api names that run the device; ``events()``: every handler's inputs
+    by ``fn_index`` and api name; ``tools``: the MCP tools answered; ``input_schema(tool)``: a tool's schema."""
 
     def __init__(self, app: Callable, runs: Runs, guarded: Collection[str],
                  events: Callable[[], tuple[dict[int, EventInputs], dict[str, EventInputs]]],

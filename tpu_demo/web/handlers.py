@@ -21,14 +21,11 @@ from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.request import MAX_SEED, RequestError, RequestLimits, check_mode, check_model, validate_request
 from tpu_demo.core.vocabulary import load_vocabulary, vocabulary_note
 from tpu_demo.web.admission import WarmupThrottle
-from tpu_demo.web.callers import request_headers, stop_key
+from tpu_demo.web.callers import stop_key
 from tpu_demo.web.outputs import NO_PREVIEW, RequestFiles, gallery_data, preview_html, user_error
 from tpu_demo.web.restore import SettingsRestore
 from tpu_demo.web.runs import Runs
 from tpu_demo.web.styles import caption_part, style_updates
-
-
-__all__ = ["PageHandlers", "UiSettings", "user_error"]
 
 
 @dataclass(frozen=True)
@@ -84,12 +81,11 @@ def upsample_update(spec: ModelSpec, value: bool | None = None) -> Any:
 class PageHandlers:
     """The handlers of one page around one engine; their runs live in ``runs`` (web/runs.py)."""
 
-    def __init__(self, engine: EngineAPI, settings: UiSettings, runs: Runs | None = None,
-                 warmup_throttle: WarmupThrottle | None = None):
+    def __init__(self, engine: EngineAPI, settings: UiSettings, runs: Runs | None = None):
         self.engine = engine
         self.settings = settings
         self.runs = runs or Runs()
-        self.warmup_throttle = warmup_throttle or WarmupThrottle()
+        self.warmup_throttle = WarmupThrottle()
         #: "Reuse settings", a dropped PNG, a page opened from a link and "Copy link" (web/restore.py)
         self.restore = SettingsRestore(settings.limits, settings.start_model, self._checked, self._model_controls,
                                        lambda spec, style, scale: style_updates(engine, spec, style, scale),
@@ -98,13 +94,9 @@ class PageHandlers:
     # ---- handlers -------------------------------------------------------------------------
     def generate(self, request: gr.Request = None, progress: gr.Progress = gr.Progress(),
                  **inputs: Any) -> Iterator[tuple[list, str]]:
-        """Stream (gallery, live preview) for the named inputs ``GENERATE_INPUTS``: one update per
-        finished image, and previews while denoising.
-
-        A preview update re-sends the same gallery (Gradio's diff sends nothing for it) and the
-        preview as inline HTML; a finished image clears the preview. Values are yielded as Gradio
-        sends them (the event has ``postprocess=False``; see web/outputs.py).
-        """
+        """Stream (gallery, live preview) for the named inputs ``GENERATE_INPUTS``: an update per finished image
+        (it clears the preview) and per preview (the same gallery: Gradio's diff sends nothing for it), as
+        Gradio sends them (the event has ``postprocess=False``)."""
         generation = self.runs.checked(request, lambda: validate_request(inputs, self.settings.limits))
         files = RequestFiles()
         events = self.runs.supervise(request, generation, self.engine.generate, "Generation failed", files)
@@ -137,7 +129,7 @@ class PageHandlers:
     def stop(self, request: gr.Request = None) -> None:
         """Stop this session's oldest run at its next denoising step (only the caller holding the
         session's owner secret reaches it)."""
-        self.runs.stop_owner(stop_key(getattr(request, "session_hash", None), request_headers(request)))
+        self.runs.stop_owner(stop_key(getattr(request, "session_hash", None), getattr(request, "headers", None)))
 
     def switch_model(self, model_id: Any, mode: Any, request: gr.Request = None):
         """A user picked another model: its defaults, and warm it in the background (see _warm)."""

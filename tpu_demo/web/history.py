@@ -14,7 +14,6 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import gradio as gr
 
@@ -122,7 +121,3 @@ class SessionHistory:
                 del session.items[index:]
                 return
 
-
-def history_gallery() -> Any:
-    return gr.Gallery(label="Earlier in this visit (newest first)", format="png", type="filepath", columns=6,
-                      height="auto", object_fit="contain", interactive=False, elem_id="history", value=[])

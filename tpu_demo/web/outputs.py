@@ -57,11 +57,8 @@ def gallery_data(images: list[tuple[str, str]]) -> list[dict]:
 
 
 def preview_html(image: Image.Image, caption: str) -> str:
-    """``image`` (the latent grid, e.g. 4x4 px for a 64x64 FLUX image) inline, scaled up by the page.
-
-    The ``alt`` and the caption carry the same text (``preview · image i · step s/N``), so a screen
-    reader and an API caller read what the page shows; the aspect ratio is the image's own.
-    """
+    """``image`` (the latent grid, e.g. 4x4 px for a 64x64 FLUX image) inline at its own aspect ratio, scaled
+    up by the page; ``alt`` and caption carry the same text, for screen readers and API callers alike."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", compress_level=1)
     data = base64.b64encode(buffer.getvalue()).decode("ascii")

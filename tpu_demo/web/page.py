@@ -16,7 +16,7 @@ from tpu_demo.web.api import (COMPARE_API, COMPARE_CONCURRENCY_ID, DEVICE_CONCUR
                               ApiEndpoints)
 from tpu_demo.web.compare import EMPTY_SUMMARY, CompareHandler
 from tpu_demo.web.handlers import PageHandlers
-from tpu_demo.web.history import SessionHistory, history_gallery
+from tpu_demo.web.history import SessionHistory
 from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
 from tpu_demo.web.restore import COPY_JS, QUERY_JS
@@ -27,6 +27,10 @@ from tpu_demo.web.styles import style_controls, style_examples, style_updates
 PAGE_GENERATE, PAGE_COMPARE = "page_generate", "page_compare"
 #: every endpoint that runs the device: admission limits apply to them together
 GUARDED_APIS = (PAGE_GENERATE, PAGE_COMPARE, GENERATE_API, COMPARE_API, *DEVICE_TOOLS)
+#: the page's own small events: not in the API, answered at once outside the queue
+LOCAL: dict[str, Any] = {"api_visibility": "private", "queue": False}
+#: ... with no pending state: Gradio would dim a refreshing Markdown to 20% or show an empty gallery as loading
+QUIET: dict[str, Any] = {**LOCAL, "show_progress": "hidden"}
 
 
 def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
@@ -103,11 +107,13 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     compare_summary = gr.HTML(EMPTY_SUMMARY, elem_id="compare-summary")
                     with gr.Accordion("Comparison figures (JSON)", open=False, elem_id="compare-json"):
                         compare_figures = gr.JSON(label="figures", elem_id="compare-figures")
-                speed_plot = chart.speed_plot(handlers.engine.recent, spec.id)
-                speed_table = gr.HTML(chart.figures_html(chart.speed_frame(handlers.engine.recent.snapshot(), spec.id)),
-                                      elem_id="speed-figures")
+                speeds = chart.speed_frame(handlers.engine.recent.snapshot(), spec.id)
+                speed_plot = chart.speed_plot(speeds)
+                speed_table = gr.HTML(chart.figures_html(speeds), elem_id="speed-figures")
                 chart_seen = gr.State(None)
-                history_view = history_gallery()
+                history_view = gr.Gallery(label="Earlier in this visit (newest first)", format="png", type="filepath",
+                                          columns=6, height="auto", object_fit="contain", interactive=False,
+                                          elem_id="history", value=[])
                 selected = gr.State(None)
                 with gr.Row(elem_id="reuse-row"):
                     reuse_button = gr.Button("Reuse settings of the selected image", size="sm", elem_id="reuse")
@@ -129,68 +135,52 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         controls = dict(prompt=prompt, model=model, mode=mode, resolution=resolution, num_inference_steps=steps,
                         guidance_scale=guidance, seed=seed, num_images=num_images, previews=previews,
                         negative_prompt=negative_prompt, style=style, style_scale=style_scale, upsample_prompt=upsample)
-        generation = gr.on(
-            triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.pick_seed, inputs=[seed, randomize],
-            outputs=[seed], queue=False, api_visibility="private",
-        ).then(
+        generation = gr.on(triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.pick_seed,
+                           inputs=[seed, randomize], outputs=[seed], **LOCAL).then(
             handlers.generate, inputs_kwargs={name: controls[name] for name in GENERATE_INPUTS},
             outputs=[gallery, live_preview], api_name=PAGE_GENERATE, api_visibility="undocumented", preprocess=False,
-            postprocess=False,
-            concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency,
-        )
+            postprocess=False, concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency)
         # the history shows earlier runs only: never the run in the gallery or in the comparison
-        # show_progress="hidden": a pending update would show the empty history as a loading box
-        generation.success(history.after_generate, [gallery], [history_view], api_visibility="private", queue=False,
-                           show_progress="hidden")
-        comparison = compare_button.click(
-            handlers.pick_seed, inputs=[seed, randomize], outputs=[seed], queue=False,
-            api_visibility="private",
-        ).then(
+        generation.success(history.after_generate, [gallery], [history_view], **QUIET)
+        comparison = compare_button.click(handlers.pick_seed, inputs=[seed, randomize], outputs=[seed], **LOCAL).then(
             comparer.compare_modes, inputs_kwargs={name: controls[name] for name in COMPARE_INPUTS},
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=PAGE_COMPARE,
             api_visibility="undocumented", preprocess=False, postprocess=False,
             # its own id: Gradio gives a shared id the lowest limit, which would serialise every generate
             # handler again; the engine's device thread still runs one pipeline call at a time
-            concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1,
-        )
-        comparison.success(history.after_compare, [compare_gallery], [history_view], api_visibility="private",
-                           queue=False, show_progress="hidden")
+            concurrency_id=COMPARE_CONCURRENCY_ID, concurrency_limit=1)
+        comparison.success(history.after_compare, [compare_gallery], [history_view], **QUIET)
         gr.on([prompt.change, model.change, upsample.change], handlers.vocabulary_line, [prompt, model, upsample],
-              [vocabulary],
-              api_visibility="private", queue=False, trigger_mode="always_last", show_progress="hidden")
+              [vocabulary], trigger_mode="always_last", **QUIET)
         model.input(lambda model_id: gr.update(visible=handlers.engine.spec(model_id).negative_prompt, value=""),
-                    [model], [negative_prompt], api_visibility="private", queue=False)
+                    [model], [negative_prompt], **LOCAL)
         timer.tick(lambda model_id, seen: chart.refresh(handlers.engine.recent, model_id, seen), [model, chart_seen],
-                   [speed_plot, speed_table, chart_seen], api_visibility="private", queue=False, show_progress="hidden")
-        # show_progress="hidden": Gradio dims a pending Markdown to 20% opacity, unreadable while it refreshes
-        about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], api_visibility="private",
-                           queue=False, show_progress="hidden")
+                   [speed_plot, speed_table, chart_seen], **QUIET)
+        about_panel.expand(lambda: about_markdown(handlers.engine.about()), None, [about], **QUIET)
         demo.unload(history.drop)
         stop_button.click(handlers.stop, None, None, queue=False, api_name="stop")
         hide_from_mcp(handlers.stop)  # public for gradio_client callers, not an MCP tool
         restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, upsample,
                     negative_prompt, style, style_scale]
-        copy_link.click(handlers.restore.link_query, [gallery, selected], [link_box], api_visibility="private",
-                        queue=False).then(None, [link_box], [link_box], js=COPY_JS, api_visibility="private", queue=False)
+        copy_link.click(handlers.restore.link_query, [gallery, selected], [link_box], **LOCAL).then(
+            None, [link_box], [link_box], js=COPY_JS, **LOCAL)
         demo.load(handlers.restore.open_link, [page_query], [*restored, num_images, link_note, generate_this],
-                  js=QUERY_JS, api_visibility="private", queue=False)
+                  js=QUERY_JS, **LOCAL)
         # /generate, /compare_modes and the MCP tools: the endpoints programs call (web/api.py)
         ApiEndpoints(handlers, comparer, gallery).add()
         model.input(handlers.switch_model, [model, mode], [resolution, steps, guidance, header, details, upsample],
-                    api_visibility="private", queue=False)
+                    **LOCAL)
         model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],
-                    [style, style_scale], api_visibility="private", queue=False)
+                    [style, style_scale], **LOCAL)
         # a style picked by the visitor comes at its own default strength (examples, links and
         # "Reuse settings" set both, and do not fire .input)
         style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id).styles, name), [model, style],
-                    [style_scale], api_visibility="private", queue=False, show_progress="hidden")
-        gallery.select(handlers.restore.remember_selection, None, [selected], api_visibility="private", queue=False)
-        reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored,
-                           api_visibility="private", queue=False)
-        dropped.upload(handlers.restore.restore_settings, [dropped, mode], restored, api_visibility="private", queue=False)
-        mode.change(handlers.switch_mode, [model, mode], [details], api_visibility="private", queue=False)
-        timer.tick(handlers.bucket_table, [model, mode], [status], api_visibility="private", queue=False,
-                   show_progress="hidden")
+                    [style_scale], **QUIET)
+        gallery.select(handlers.restore.remember_selection, None, [selected], **LOCAL)
+        reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored, **LOCAL)
+        dropped.upload(handlers.restore.restore_settings, [dropped, mode], restored, **LOCAL)
+        mode.change(handlers.switch_mode, [model, mode], [details], **LOCAL)
+        timer.tick(handlers.bucket_table, [model, mode], [status], **QUIET)
     return demo
 
 

@@ -20,7 +20,7 @@ import gradio as gr
 from tpu_demo.core.events import StepProgress, Stopped
 from tpu_demo.core.request import GenerationRequest, RequestError
 from tpu_demo.web.admission import AdmissionLimits, QueuedEvent, busy_reason
-from tpu_demo.web.callers import RUN_HEADER, header, request_headers, stop_key
+from tpu_demo.web.callers import RUN_HEADER, header, stop_key
 from tpu_demo.web.outputs import user_error
 from tpu_demo.web.request_log import RequestRecord
 
@@ -63,17 +63,13 @@ class Run:
     #: (caller address, JSON-RPC id) of an MCP tool call (what ``notifications/cancelled`` names)
     mcp_call: tuple[str | None, str] | None = None
     started: float | None = None
-    on_device: bool = False
+    #: counted as on the device by the queue bound (its handler runs and its first image has begun)
+    running: bool = False
     stop_flag: threading.Event = field(default_factory=threading.Event)
     stop_reason: StopReason | None = None
     stopped_at: float | None = None
     record: RequestRecord = field(default_factory=RequestRecord)
     deadline: float | None = None
-
-    @property
-    def running(self) -> bool:
-        """Counted as on the device by the queue bound (its handler runs and its first image has begun)."""
-        return self.on_device
 
     def stop(self, reason: StopReason) -> None:
         """The one way a run is stopped: the engine ends it at its next step; the first reason is kept."""
@@ -113,7 +109,7 @@ class Runs:
         """A new run for this caller, or why it must wait its turn (the limits, checked and counted at once)."""
         session = owner or (str(session_hash) if session_hash else "")
         with self._lock:
-            counted = [QueuedEvent(run.session, run.client_host, run.on_device) for run in self._runs.values()
+            counted = [QueuedEvent(run.session, run.client_host, run.running) for run in self._runs.values()
                        if not (run.started is None and run.stop_flag.is_set())]  # dropped by Gradio, or soon
             reason = busy_reason(self.limits, session or None, client_host, counted)
             if reason is not None:
@@ -155,10 +151,9 @@ class Runs:
     def supervise(self, request: Any, generation: GenerationRequest,
                   start: Callable[[GenerationRequest, threading.Event], Iterator[Any]], failure: str,
                   files: Any = None, images: int | None = None) -> Iterator[Any]:
-        """The skeleton every device handler shares: claim the run, pass the engine's events on, end with
-        one log line. After a ``Stopped`` event (the handler shows what finished) it raises the error
-        telling how many images were done. ``images``: the run's count when it is not the request's
-        (Compare: one per mode); ``files``: the handler's ``RequestFiles`` (its encode time is logged)."""
+        """The skeleton every device handler shares: claim the run, pass the engine's events on (after a
+        ``Stopped`` one, raise the error telling how many images were done), end with one log line.
+        ``images``: the run's count when not the request's (Compare); ``files``: logged encode time."""
         run = self.claim(request, replace(generation, num_images=images) if images else generation)
         outcome = error = None
         try:
@@ -181,7 +176,7 @@ class Runs:
     def claim(self, request: Any, generation: GenerationRequest) -> Run:
         """The run of the handler's request (by its ticket header); a run of its own for a caller that
         came in without one (a handler called directly), counted from now."""
-        headers = request_headers(request)
+        headers = getattr(request, "headers", None)
         ticket = header(headers, RUN_HEADER)
         with self._lock:
             run = self._runs.get(ticket) if ticket else None
@@ -198,7 +193,7 @@ class Runs:
         return run
 
     def observe(self, run: Run, event: Any) -> None:
-        run.on_device = True
+        run.running = True
         run.record.observe(event)
         limit = self.settings.request_timeout
         if limit and run.deadline is None and isinstance(event, StepProgress):
@@ -221,7 +216,7 @@ class Runs:
 
     def reject(self, request: Any, error: RequestError) -> None:
         """Log a request refused by validation (it never reached the device) and free its place."""
-        ticket = header(request_headers(request), RUN_HEADER)
+        ticket = header(getattr(request, "headers", None), RUN_HEADER)
         with self._lock:
             run = self._runs.pop(ticket, None) if ticket else None
         record = RequestRecord(outcome="invalid", error=str(error))
@@ -281,7 +276,7 @@ class Runs:
 
     def waiting(self) -> int:
         """Requests admitted and not yet on the device (in Gradio's queue or in a handler waiting for it)."""
-        return len(self._select(lambda run: not run.on_device))
+        return len(self._select(lambda run: not run.running))
 
     def _watch_deadlines(self) -> None:
         """Stop runs past their time limit; forget runs Gradio dropped unclaimed (a cancel or a closed

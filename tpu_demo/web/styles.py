@@ -16,7 +16,6 @@ from tpu_demo.core.engine_api import EngineAPI
 from tpu_demo.core.styles import NO_STYLE, STYLE_SCALE_RANGE, default_scale, find_style
 
 
-
 def style_choices(engine: EngineAPI, spec: ModelSpec) -> tuple[list[tuple[str, str]], str]:
     """(label, name) pairs for the Style control, and the line under it."""
     refusal = engine.style_refusal(spec.id) if spec.styles else None
@@ -60,6 +59,3 @@ def caption_part(parameters: Mapping[str, Any]) -> str:
     """" · style outline 1" for a caption ("" for no style)."""
     name = parameters.get("style") or ""
     return f" \u00b7 style {name} {float(parameters.get('style_scale', 1.0)):g}" if name else ""
-
-
-__all__ = ["caption_part", "style_controls", "style_examples", "style_updates"]
