@@ -4,6 +4,7 @@ import os
 import sys
 
 from tpu_demo.engine.compile_cache import use_compile_cache
+from tpu_demo.host import skip_torch_tpu_autoload_without_tpu
 from tpu_demo.launch.config import parse_config
 
 if __name__ == "__main__":
@@ -19,8 +20,10 @@ if __name__ == "__main__":
         from tpu_demo.launch.fleet import main as serve_chips
 
         sys.exit(serve_chips(sys.argv[1:], config))
-    # Before torch is imported: torch-tpu reads its persistent compile cache location once, at init.
+    # Before torch is imported: torch-tpu reads its persistent compile cache location once, at init,
+    # and a host with no chip need not load it at all.
     use_compile_cache(config.resolved_cache_dir)
+    skip_torch_tpu_autoload_without_tpu()
     from tpu_demo.launch.cli import main
 
     main()

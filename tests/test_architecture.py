@@ -25,14 +25,15 @@ PACKAGE = ROOT / "tpu_demo"
 #: what each layer may import from the package (itself included)
 ALLOWED = {
     "offline": {"offline"},
+    "host": {"host"},
     "__init__": {"offline"},
     "core": {"core"},
-    "device": {"core"},
-    "models": {"core", "device", "models"},
-    "distributed": {"core", "device", "models", "distributed"},
-    "engine": {"core", "device", "models", "distributed", "engine"},
+    "device": {"core", "host"},
+    "models": {"core", "device", "host", "models"},
+    "distributed": {"core", "device", "host", "models", "distributed"},
+    "engine": {"core", "device", "host", "models", "distributed", "engine"},
     "web": {"core", "web"},
-    "launch": {"core", "device", "models", "distributed", "engine", "web", "launch", "offline"},
+    "launch": {"core", "device", "host", "models", "distributed", "engine", "web", "launch", "offline"},
 }
 
 
@@ -178,8 +179,9 @@ def test_engine_imports_no_gradio():
 
 
 def test_compile_cache_is_importable_before_torch():
-    """app.py points the compile caches at their directory before torch (and torch-tpu) initialise."""
-    modules = _modules_after_import("tpu_demo.engine.compile_cache, tpu_demo.launch.config")
+    """app.py points the compile caches at their directory, and reads the PCI bus, before torch (and
+    torch-tpu) initialise."""
+    modules = _modules_after_import("tpu_demo.engine.compile_cache, tpu_demo.launch.config, tpu_demo.host")
     assert "torch" not in modules
 
 

@@ -30,10 +30,10 @@ def test_detection_with_torch_tpu_autoloaded_does_not_crash():
 def test_a_host_without_a_google_pci_device_detects_cpu_without_importing_torch_tpu(monkeypatch):
     """This host's PCI bus has no device of Google's vendor id: a process with autoload off learns it has
     no chips without importing torch-tpu (its import costs seconds), and the launcher's scan says 0 chips."""
-    from tpu_demo import device
+    from tpu_demo import host
 
     monkeypatch.delitem(sys.modules, "torch_tpu", raising=False)  # an earlier test in this worker may load it
-    assert not device.host_may_have_tpu(), "this test machine has a Google PCI device"
+    assert not host.host_may_have_tpu(), "this test machine has a Google PCI device"
     code = ("import sys; from tpu_demo.device import detect_device, scan_tpu_chips; "
             "print(detect_device().kind, scan_tpu_chips(), 'torch_tpu' in sys.modules)")
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
@@ -45,7 +45,7 @@ def test_a_host_without_a_google_pci_device_detects_cpu_without_importing_torch_
 def test_a_google_pci_device_or_a_loaded_torch_tpu_sends_detection_to_torch_tpu(tmp_path, monkeypatch):
     """PCI devices as /sys lists them: one of Google's vendor id (0x1ae0, what torch-tpu's scan counts),
     or a bus that cannot be read, means torch-tpu is asked; other vendors alone do not."""
-    from tpu_demo import device
+    from tpu_demo import host
 
     def bus(*vendors: str):
         root = tmp_path / f"bus-{len(list(tmp_path.iterdir()))}"
@@ -57,11 +57,11 @@ def test_a_google_pci_device_or_a_loaded_torch_tpu_sends_detection_to_torch_tpu(
     monkeypatch.delitem(sys.modules, "torch_tpu", raising=False)
     for root, expected in ((bus("0x8086", "0x1af4"), False), (bus("0x8086", "0x1ae0"), True),
                            (tmp_path / "no-bus-here", True)):
-        monkeypatch.setattr(device, "PCI_DEVICES", root)
-        assert device.host_may_have_tpu() is expected, root
-    monkeypatch.setattr(device, "PCI_DEVICES", bus("0x10de"))
+        monkeypatch.setattr(host, "PCI_DEVICES", root)
+        assert host.host_may_have_tpu() is expected, root
+    monkeypatch.setattr(host, "PCI_DEVICES", bus("0x10de"))
     monkeypatch.setitem(sys.modules, "torch_tpu", object())  # loaded already (autoload, the stand-in)
-    assert device.host_may_have_tpu()
+    assert host.host_may_have_tpu()
 
 
 def test_device_cpu_or_cuda_never_imports_torch_tpu_even_on_a_host_with_a_google_device(tmp_path):
@@ -72,7 +72,7 @@ def test_device_cpu_or_cuda_never_imports_torch_tpu_even_on_a_host_with_a_google
     (card / "vendor").write_text("0x1ae0\n")
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     for preferred, imports in (("'cpu'", False), ("None", True)):
-        code = (f"import sys, pathlib; from tpu_demo import device; device.PCI_DEVICES = pathlib.Path({str(tmp_path)!r}); "
+        code = (f"import sys, pathlib; from tpu_demo import device, host; host.PCI_DEVICES = pathlib.Path({str(tmp_path)!r}); "
                 f"print(device.detect_device({preferred}).kind, 'torch_tpu' in sys.modules)")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
@@ -143,3 +143,17 @@ def test_device_tpu_fails_hard_where_no_tpu_starts():
             in out.stderr), out.stderr[-2000:]
     assert "Running on" not in out.stdout + out.stderr
     assert detect_device("cpu").kind == "cpu"
+
+
+def test_without_a_google_pci_device_import_torch_leaves_torch_tpu_out():
+    """What app.py does before torch: here (no Google device on the bus) PyTorch's autoload, which would
+    load torch-tpu at ``import torch``, is turned off; an operator's own setting of it wins."""
+    code = ("import os, sys; from tpu_demo.host import skip_torch_tpu_autoload_without_tpu as skip; {skip}"
+            "import torch; print('torch_tpu' in sys.modules, os.environ.get('TORCH_DEVICE_BACKEND_AUTOLOAD'))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    for skip, operator, expected in (("skip(); ", None, "False 0"), ("", None, "True"), ("skip(); ", "1", "True 1")):
+        run_env = env if operator is None else {**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": operator}
+        out = subprocess.run([sys.executable, "-c", code.format(skip=skip)], env=run_env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1].startswith(expected), (skip, operator, out.stdout)

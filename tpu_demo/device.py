@@ -11,14 +11,13 @@ import contextlib
 import gc
 import logging
 import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from tpu_demo.core.modes import ExecutionMode
+from tpu_demo.host import host_may_have_tpu
 
 log = logging.getLogger("tpu_demo.device")
 
@@ -77,30 +76,6 @@ def pinned_chip() -> int | None:
     """The chip ``TPU_VISIBLE_CHIPS`` pins this process to, when it names exactly one."""
     value = os.environ.get("TPU_VISIBLE_CHIPS", "").strip()
     return int(value) if value.isdigit() else None
-
-
-#: where torch-tpu's scan looks for chips: PCI devices of Google's vendor id
-PCI_DEVICES = Path("/sys/bus/pci/devices")
-GOOGLE_PCI_VENDOR = "0x1ae0"
-
-
-def host_may_have_tpu() -> bool:
-    """Whether torch-tpu's scan could find a chip here: torch-tpu is loaded already, or a PCI device of
-    Google's vendor id exists (or the bus cannot be read). False lets a host without one skip importing
-    torch-tpu (about 4 s) only to hear it has no chips."""
-    if "torch_tpu" in sys.modules:
-        return True
-    try:
-        devices = list(PCI_DEVICES.iterdir())
-    except OSError:
-        return True
-    for device in devices:
-        try:
-            if (device / "vendor").read_text().strip() == GOOGLE_PCI_VENDOR:
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def scan_tpu_chips() -> tuple[int, str, int | None]:
