@@ -23,15 +23,15 @@ from support import GOOD, pixels, reference, slow_steps, stopped_early, wait_unt
 FAST = dict(model="tiny-flux", mode="eager", resolution="64x64", num_inference_steps=2, guidance_scale=0.0)
 
 
-async def _with_session(url: str, work, headers: dict | None = None):
-    async with streamablehttp_client(url + "gradio_api/mcp/", headers=headers) as (read, write, _):
+async def _with_session(url: str, work, headers: dict | None = None, path: str = "gradio_api/mcp/"):
+    async with streamablehttp_client(url + path, headers=headers) as (read, write, _):
         async with ClientSession(read, write) as session:
             await session.initialize()
             return await work(session)
 
 
-def call(url: str, tool: str, arguments: dict, headers: dict | None = None):
-    return asyncio.run(_with_session(url, lambda s: s.call_tool(tool, arguments), headers))
+def call(url: str, tool: str, arguments: dict, headers: dict | None = None, path: str = "gradio_api/mcp/"):
+    return asyncio.run(_with_session(url, lambda s: s.call_tool(tool, arguments), headers, path))
 
 
 def text_of(result) -> str:
@@ -173,6 +173,30 @@ def test_four_concurrent_calls_at_max_per_ip_1_one_runs_three_are_refused(launch
     lines = request_log()
     assert sum(1 for line in lines if line.get("via") == "mcp" and line["outcome"] == "busy") == 3
     assert sum(1 for line in lines if line["outcome"] == "ok" and "model" in line) == 1  # one line per request
+
+
+def test_every_path_gradio_answers_mcp_on_is_guarded_the_same(launch_app):
+    """Gradio's MCP transport answers any path under its mount that ends in /gradio_api/mcp: there too four
+    concurrent calls at --max-per-ip 1 run one, only the tools are answered and arguments are checked."""
+    app, url = launch_app("--no-warmup", "--max-per-ip", "1")
+    _, hook = slow_steps(app, 0.4)
+    alias = "gradio_api/mcp/x/gradio_api/mcp/"
+
+    async def four():
+        async def one(_):
+            return await _with_session(url, lambda s: s.call_tool(
+                "generate_images", dict(FAST, prompt="a red circle", num_inference_steps=4)), path=alias)
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    with hook:
+        results = asyncio.run(four())
+    assert sum(not r.isError for r in results) == 1, [text_of(r) for r in results]
+    assert all(text_of(r).startswith("busy: your address already has 1") for r in results if r.isError)
+    for tool in ("stop", "generate"):  # public endpoints, not tools
+        refused = call(url, tool, {}, path=alias)
+        assert refused.isError and text_of(refused).startswith(f"unknown tool '{tool}'"), text_of(refused)
+    bad = call(url, "generate_images", dict(FAST, prompt="a red circle", num_images="many"), path=alias)
+    assert bad.isError and text_of(bad).startswith('num_images: must be a whole number'), text_of(bad)
 
 
 def test_the_limit_counts_the_callers_real_address_not_the_loopback(launch_app):

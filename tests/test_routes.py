@@ -12,8 +12,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import httpx
 import pytest
 
+from gradio_client import Client
+
 from conftest import request_fields
-from support import GOOD, Hook, wait_until
+from support import GOOD, Hook, slow_steps, wait_until
 from tpu_demo.core.request import MODEL_DEFAULTS
 from tpu_demo.web.page import PAGE_GENERATE
 
@@ -157,6 +159,96 @@ def test_direct_routes_are_closed_and_other_handlers_are_checked(served_app):
             if "GET" in (getattr(route, "methods", None) or ()) and "{" not in path:
                 assert http.get(path.lstrip("/")).status_code < 500, path
         _good_call(http)
+
+
+def test_bodies_gradio_would_answer_with_a_bare_500_are_refused_naming_what_is_wrong(served_app):
+    """JSON nested past the parser, a ``fn_index`` or endpoint that names nothing, an unknown named input,
+    and bodies past 1 MiB sent in chunks (the MCP door and /cancel included): each a 4xx saying why."""
+    app, url = served_app
+    deep = b"[" * 50_000 + b"]" * 50_000
+
+    def chunked(head: bytes, tail: bytes):  # JSON padded with whitespace to 2.5 MiB, sent without a length
+        yield head
+        for _ in range(40):
+            yield b" " * 65_536
+        yield tail
+
+    tools_call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "stop", "arguments": {}}}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for path in ("gradio_api/queue/join", "gradio_api/call/generate", "gradio_api/run/predict",
+                     "gradio_api/cancel", "gradio_api/mcp/"):
+            answer = http.post(path, content=deep, headers={"content-type": "application/json"})
+            assert answer.status_code == 422 and answer.json()["detail"] == "body: JSON nested too deeply", \
+                (path, answer.text[:300])
+        for path in ("gradio_api/queue/join", "gradio_api/run/predict", "gradio_api/run/anything"):
+            for fn_index in (-1, 10**6, "-1"):
+                answer = http.post(path, json={"data": [], "fn_index": fn_index, "session_hash": "s"})
+                assert answer.status_code == 422, (path, fn_index, answer.text[:300])
+                assert answer.json()["detail"] == f"fn_index: no event {int(fn_index)}"
+        for path in ("gradio_api/call/nosuch", "gradio_api/run/nosuch"):
+            answer = http.post(path, json={"data": []})
+            assert answer.status_code == 422 and answer.json()["detail"] == "api_name: no endpoint 'nosuch'", answer.text
+        answer = http.post("gradio_api/call/v2/generate", json={"prompt": "a red circle", "colour": "red"})
+        assert answer.status_code == 422 and answer.json()["detail"].startswith("colour: no such input; generate takes")
+        for path, body in (("gradio_api/mcp/", json.dumps(tools_call).encode()),
+                           ("gradio_api/cancel", b'{"session_hash": "s", "fn_index": 0, "event_id": "x"}')):
+            answer = http.post(path, content=chunked(body[:-1], body[-1:]),
+                               headers={"content-type": "application/json", "accept": "application/json, text/event-stream"})
+            assert answer.status_code == 413, (path, answer.text[:300])
+        _good_call(http)
+
+
+def test_a_handler_is_admitted_as_what_gradio_runs_not_as_the_route_names_it(launch_app):
+    """``/run/<any name>`` runs the body's ``fn_index`` (read as pydantic reads it: "7" and 7.0 are 7): the
+    MCP tool's handler called that way is admitted like the tool, so one address holds one place."""
+    app, url = launch_app("--no-warmup", "--max-per-ip", "1")
+    _, hook = slow_steps(app, 0.3)
+    tool = _dependencies(url)["generate_images"]["id"]
+    data = [value for name, value in request_fields(**{**GOOD, "num_inference_steps": 6}).items() if name != "previews"]
+
+    def one(path_and_index):
+        path, fn_index = path_and_index
+        with httpx.Client(base_url=url, timeout=120) as http:
+            return http.post(path, json={"data": data, "fn_index": fn_index})
+
+    doors = [("gradio_api/run/nosuch", tool), ("gradio_api/run/predict", str(tool)),
+             ("gradio_api/run/list_models", float(tool)), ("gradio_api/run/predict", tool)]
+    with hook, ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(one, doors))
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses == [200, 503, 503, 503], [(a.status_code, a.text[:200]) for a in answers]
+    assert all("busy: your address already has 1" in a.text for a in answers if a.status_code == 503)
+
+
+def test_a_session_hash_alone_neither_reads_nor_cancels_nor_joins_another_clients_session(launch_app):
+    """A stranger holding the owner's session hash (as if it leaked), with no cookie or its own: the
+    session's stream is refused (closing it would stop the run; reading it would take its messages),
+    Gradio's cancel by (session, fn_index) reaches nothing, a join into the session is refused; the
+    owner's run finishes every image and leaves nothing in the registry."""
+    app, url = launch_app("--no-warmup", "--max-per-session", "2")
+    steps, hook = slow_steps(app, 0.1)
+    owner = Client(url, verbose=False)
+    generate = _dependencies(url)["generate"]["id"]
+    with hook:
+        job = owner.submit(**request_fields(seed=5, num_images=3, num_inference_steps=4, **GOOD), api_name="/generate")
+        wait_until(lambda: len(steps) >= 2, 60)
+        session = owner.session_hash
+        for cookie in (False, True):
+            with httpx.Client(base_url=url, timeout=30) as stranger:
+                if cookie:
+                    stranger.get("config")  # the server issues this client an owner cookie of its own
+                with stranger.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
+                    assert stream.status_code == 403 and "session_hash:" in stream.read().decode()
+                answer = stranger.post("gradio_api/cancel", json={"session_hash": session, "fn_index": generate,
+                                                                  "event_id": "x"})
+                assert answer.status_code == 200
+                joined = stranger.post("gradio_api/queue/join", json={"data": _generate_data(), "fn_index": generate,
+                                                                      "session_hash": session})
+                assert joined.status_code == 403 and joined.json()["detail"].startswith("session_hash:"), joined.text
+        wait_until(job.done, 120)
+    final, _ = job.outputs()[-1]
+    assert len(final) == 3  # every image: nothing the stranger sent reached the run
+    assert wait_until(lambda: not list(app.ui.runs), 30), list(app.ui.runs)
 
 
 def test_a_flood_over_every_generate_route_holds_the_limits(launch_app, request_log):

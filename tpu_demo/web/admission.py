@@ -93,11 +93,15 @@ class EventInputs:
     queued: bool = True
 
 
-def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False) -> str | None:
-    """Why ``data`` is not one value per input of the handler, naming the input; None if it is."""
+def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False, named: bool = False) -> str | None:
+    """Why ``data`` is not one value per input of the handler (``named``: a dict of values by name, as
+    ``/call/v2/`` takes them), naming the input; None if it is."""
     names = inputs.names
     takes = (f"{inputs.api_name or 'this event'} takes {len(names)} value(s): {', '.join(names)}" if names
              else f"{inputs.api_name or 'this event'} takes no values")
+    if named and isinstance(data, dict):
+        unknown = next((str(name) for name in data if name not in names and name != "oauth_token"), None)
+        return f"{unknown[:40]}: no such input; {takes}" if unknown is not None else None
     if not isinstance(data, list):
         return f"data: must be a list of values; {takes}"
     expected = len(names) - inputs.server_side if simple_format and len(data) != len(names) else len(names)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection
 from urllib.parse import parse_qs
 
+from pydantic import TypeAdapter, ValidationError
 from starlette.responses import JSONResponse
 
 from tpu_demo.web.admission import MAX_CALL_BODY, EventInputs, arity_error
@@ -29,11 +30,12 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _API = "/gradio_api/"
-#: where Gradio serves MCP over streamable HTTP; its legacy SSE transport (answered before a tool runs,
-#: so neither a refusal nor a cancel could reach the call) is closed
-MCP_ROUTES = ("mcp", "mcp/http")
+#: Gradio's legacy MCP SSE transport (answered before a tool runs, so neither a refusal nor a cancel could
+#: reach the call) is closed; every other path under its MCP mount is MCP over streamable HTTP (Gradio
+#: answers any that ends in /gradio_api/mcp)
 SSE_ROUTES = ("mcp/sse", "mcp/messages")
 _RUN_HEADER = RUN_HEADER.encode()
+_FN_INDEX = TypeAdapter(int | None)
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,10 @@ def route_of(scope: Scope) -> Route:
         return Route("other")
     rest = path[at + len(_API):]
     parts = rest.split("/")
-    if rest in MCP_ROUTES:
-        return Route("mcp")
     if rest.startswith(SSE_ROUTES):
         return Route("mcp_sse")
+    if rest == "mcp" or rest.startswith("mcp/"):
+        return Route("mcp")
     if rest == "queue/join":
         return Route("join")
     if rest == "queue/data":
@@ -93,36 +95,49 @@ class Guard:
         if route.kind == "mcp_sse":
             await json_response(send, 404, {"detail": "this server's MCP transport is streamable HTTP at "
                                                       "/gradio_api/mcp/ (the SSE transport is closed)"})
-        elif method == "POST" and route.kind in ("join", "call", "run"):
-            await self._event_call(route, scope, receive, send)
-        elif method == "POST" and route.kind == "mcp":
-            await self._mcp(scope, receive, send)
-        elif method == "POST" and route.kind == "cancel":
+        elif method == "POST" and route.kind in ("join", "call", "run", "mcp", "cancel"):
+            arrived = time.perf_counter()
             body, more = await read_body(receive)
-            event_id = None if more else json_field(body, "event_id")
-            if isinstance(event_id, str):
-                self.runs.stop_event(event_id)
-            await self.app(scope, replay_body(body, more, receive), send)
+            payload = _json(body)
+            if more:
+                await json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
+                                                           "calls carry a prompt and a few values"})
+            elif payload is TOO_DEEP:
+                await json_response(send, 422, {"detail": "body: JSON nested too deeply"})
+            elif route.kind == "mcp":
+                await self._mcp(scope, body, payload, receive, send)
+            elif route.kind == "cancel":
+                await self.app(scope, replay_body(self._cancel(payload, body), False, receive), send)
+            else:
+                await self._event_call(route, scope, body, payload, receive, send, arrived)
         elif method == "GET" and route.kind == "data":
             session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [""])[0]
-            await _watched(self.app, scope, receive, send, lambda: self.runs.session_gone(session))
+            owner = stop_key(session, _headers(scope))
+            if self.runs.held_by_another(session, owner):
+                await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
+                return
+            await _watched(self.app, scope, receive, send, lambda: self.runs.session_gone(session, owner))
         elif method == "GET" and route.kind == "call_stream":
             await _watched(self.app, scope, receive, send, lambda: self.runs.stop_event(route.name))
         else:
             await self.app(scope, receive, send)
 
+    def _cancel(self, payload: Any, body: bytes) -> bytes:
+        """Stop the run ``event_id`` names; Gradio's cancel then reaches only that event. (Gradio would also
+        cancel the task of (session_hash, fn_index): any holder of a session hash could end another's run.)"""
+        if not isinstance(payload, dict):
+            return body
+        if isinstance(payload.get("event_id"), str):
+            self.runs.stop_event(payload["event_id"])
+        return json.dumps({**payload, "fn_index": -1}).encode() if "fn_index" in payload else body
+
     # ---- page and API calls -------------------------------------------------------------------------
-    async def _event_call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        arrived = time.perf_counter()
-        body, more = await read_body(receive)
-        if more:
-            await json_response(send, 413, {"detail": f"request body over {MAX_CALL_BODY >> 20} MiB; "
-                                                       "event calls carry a prompt and a few values"})
-            return
-        payload = _json(body)
-        inputs = self._inputs(route, payload)
+    async def _event_call(self, route: Route, scope: Scope, body: bytes, payload: Any, receive: Receive, send: Send,
+                          arrived: float) -> None:
+        fn_index = _fn_index(payload)
+        inputs = self._inputs(route, fn_index)
         guarded = self._guarded(route, payload, inputs)
-        refusal = self._arity(route, scope, payload, inputs)
+        refusal = self._arity(route, scope, payload, inputs) or self._unknown(route, fn_index, inputs)
         if refusal is not None:
             if guarded:
                 log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
@@ -133,29 +148,44 @@ class Guard:
             return
         session_hash = json_field(body, "session_hash")
         owner = stop_key(session_hash, _headers(scope))
+        if self.runs.held_by_another(session_hash, owner):
+            await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
+            return
         run = await self._admit(session_hash if isinstance(session_hash, str) else None, owner, scope, send)
         if run is None:
             return
         run.record.admission_seconds = time.perf_counter() - arrived
         answer: dict[str, Any] = {}
-        inner_send = _recording(send, answer)
+
+        def queued() -> None:  # before the caller reads the event id, so its /cancel finds the run
+            if route.kind != "run" and answer.get("status") == 200:
+                self.runs.joined(run.ticket, json_field(answer.get("body", b""), "event_id"))
+
+        inner_send = _recording(send, answer, on_complete=queued)
         replay = replay_body(body, False, receive)
         if route.kind == "run":  # answered when the handler ends: a closed connection stops it
             replay = _watching(replay, answer, lambda: self.runs.stop_ticket(run.ticket))
         try:
             await self.app(_with_ticket(scope, run.ticket), replay, inner_send)
         finally:
-            if route.kind != "run" and answer.get("status") == 200:
-                self.runs.joined(run.ticket, json_field(answer.get("body", b""), "event_id"))
-            else:
+            if run.event_id is None:
                 self.runs.drop_unclaimed(run.ticket)
 
-    def _inputs(self, route: Route, payload: Any) -> EventInputs | None:
+    def _inputs(self, route: Route, fn_index: int | None) -> EventInputs | None:
+        """The handler Gradio will run: a ``/call/`` names it; elsewhere the body's ``fn_index`` wins (Gradio
+        reads it as pydantic does: "19" and 19.0 are 19), else ``/run/``'s name."""
         by_index, by_name = self.events()
-        fn_index = payload.get("fn_index") if isinstance(payload, dict) else None
-        if route.kind == "call" or (route.kind == "run" and route.name != "predict"):
+        if route.kind == "call" or (route.kind == "run" and fn_index is None):
             return by_name.get(route.name)
-        return by_index.get(fn_index) if isinstance(fn_index, int) and not isinstance(fn_index, bool) else None
+        return by_index.get(fn_index) if fn_index is not None else None
+
+    def _unknown(self, route: Route, fn_index: int | None, inputs: EventInputs | None) -> str | None:
+        """A call naming no handler (Gradio would answer with a bare 500)."""
+        if inputs is not None:
+            return None
+        if fn_index is not None:
+            return f"fn_index: no event {fn_index}"
+        return f"api_name: no endpoint {route.name[:40]!r}" if route.kind in ("call", "run") else None
 
     def _guarded(self, route: Route, payload: Any, inputs: EventInputs | None) -> bool:
         """Whether the call runs the device; a join that names no handler counts, to be safe."""
@@ -168,10 +198,12 @@ class Guard:
     @staticmethod
     def _arity(route: Route, scope: Scope, payload: Any, inputs: EventInputs | None) -> str | None:
         """A call whose ``data`` does not fit its handler (Gradio answers too few with no message, too many
-        with a crash); named arguments (``/call/v2/``) Gradio matches by name itself."""
-        if inputs is None or not isinstance(payload, dict) or "data" not in payload or "/call/v2/" in scope["path"]:
+        or an unknown name with a crash); ``/call/v2/`` takes the values by name, as the body itself."""
+        if inputs is None or not isinstance(payload, dict):
             return None
-        return arity_error(inputs, payload["data"], simple_format=route.kind == "call")
+        if "/call/v2/" in scope["path"]:
+            return arity_error(inputs, payload, named=True)
+        return arity_error(inputs, payload["data"], simple_format=route.kind == "call") if "data" in payload else None
 
     async def _admit(self, session_hash: str | None, owner: str | None, scope: Scope, send: Send,
                      mcp_id: Any = None) -> Run | None:
@@ -188,9 +220,7 @@ class Guard:
         return None
 
     # ---- MCP ----------------------------------------------------------------------------------------
-    async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body, more = await read_body(receive)
-        message = None if more else _json(body)
+    async def _mcp(self, scope: Scope, body: bytes, message: Any, receive: Receive, send: Send) -> None:
         method = message.get("method") if isinstance(message, dict) else None
         params = message.get("params") if isinstance(message, dict) else None
         params = params if isinstance(params, dict) else {}
@@ -201,7 +231,7 @@ class Guard:
             self.runs.stop_mcp_call(client_host, json.dumps(params.get("requestId")), StopReason.USER)
         tool = params.get("name") if method == "tools/call" else None
         if not isinstance(tool, str):
-            await self.app(scope, replay_body(body, more, receive), send)
+            await self.app(scope, replay_body(body, False, receive), send)
             return
         request_id = message.get("id")
         if tool not in self.tools:  # Gradio would call any public endpoint by its function's name
@@ -215,7 +245,7 @@ class Guard:
             await tool_error(send, request_id, problem)
             return
         if tool not in self.guarded:
-            await self.app(scope, replay_body(body, more, receive), send)
+            await self.app(scope, replay_body(body, False, receive), send)
             return
         run = await self._admit(None, None, scope, send, mcp_id=(request_id,))
         if run is None:
@@ -299,14 +329,17 @@ def _with_owner_cookie(scope: Scope, send: Send) -> Send:
     return send_with_cookie
 
 
-def _recording(send: Send, answer: dict[str, Any]) -> Send:
-    """``send`` that keeps the status, the first 4 KiB of the body and whether the answer is complete."""
+def _recording(send: Send, answer: dict[str, Any], on_complete: Callable[[], Any] = lambda: None) -> Send:
+    """``send`` that keeps the status, the first 4 KiB of the body and whether the answer is complete
+    (``on_complete`` runs before its last part is sent)."""
     async def recording(message: dict[str, Any]) -> None:
         if message.get("type") == "http.response.start":
             answer["status"] = message.get("status")
         elif message.get("type") == "http.response.body":
             answer["body"] = (answer.get("body", b"") + message.get("body", b""))[:4096]
             answer["complete"] = not message.get("more_body", False)
+            if answer["complete"]:
+                on_complete()
         await send(message)
 
     return recording
@@ -329,10 +362,27 @@ async def _watched(app: Callable, scope: Scope, receive: Receive, send: Send, on
     await app(scope, _watching(receive, answer, on_gone), _recording(send, answer))
 
 
+#: what ``_json`` returns for a body nested past the parser's recursion limit (Gradio would answer 500)
+TOO_DEEP = object()
+#: why a caller holding only another client's session hash is refused its stream and its joins
+FOREIGN_SESSION = "its requests belong to another client (a session's stream is its owner's)"
+
+
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except ValueError:
+        return None
+    except RecursionError:
+        return TOO_DEEP
+
+
+def _fn_index(payload: Any) -> int | None:
+    """The body's ``fn_index`` as Gradio's ``PredictBody`` reads it (None when absent or not a whole number)."""
+    value = payload.get("fn_index") if isinstance(payload, dict) else None
+    try:
+        return _FN_INDEX.validate_python(value)
+    except ValidationError:
         return None
 
 

@@ -251,9 +251,17 @@ class Runs:
         runs = self._select(lambda run: run.mcp_call == (client_host, request_id))
         return self._stop(runs, reason) if len(runs) == 1 else False
 
-    def session_gone(self, session_hash: str) -> None:
-        """The session's stream closed: Gradio drops its waiting events and its running ones stop."""
-        self._stop(self._select(lambda run: run.session_hash == session_hash), StopReason.DISCONNECTED)
+    def session_gone(self, session_hash: str, owner: str | None) -> None:
+        """A stream of the session closed: the runs there of ``owner`` (``callers.stop_key``) stop, and those
+        of a caller that proved nothing (its cookie may have come with its join's answer)."""
+        self._stop(self._select(lambda run: run.session_hash == session_hash and run.owner in (owner, None)),
+                   StopReason.DISCONNECTED)
+
+    def held_by_another(self, session_hash: Any, owner: str | None) -> bool:
+        """Whether a run of ``session_hash`` belongs to an owner other than ``owner`` (whoever holds only
+        the hash gets neither its stream nor a place in it; a run whose caller proved nothing is nobody's)."""
+        return bool(session_hash) and bool(self._select(
+            lambda run: run.session_hash == session_hash and run.owner is not None and run.owner != owner))
 
     def stop_all(self, reason: StopReason = StopReason.SHUTDOWN) -> None:
         self.shutting_down = self.shutting_down or reason is StopReason.SHUTDOWN
