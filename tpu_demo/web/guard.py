@@ -1,9 +1,10 @@
 """The one door every HTTP request passes (an ASGI middleware in front of Gradio's app).
 
-It issues the owner cookie; refuses an event call over 1 MiB (413) or whose ``data`` does not fit its
-handler (422 naming the input); admits device work at every door only through ``Runs.admit`` (else
-HTTP 503 or an MCP tool error naming the limit), handing it a server-issued ``RUN_HEADER`` (a caller's
-copy is removed); and relays a closed stream, ``/cancel`` and MCP cancels to the runs they name.
+It issues the owner cookie; refuses a call, MCP message or cancel over 1 MiB (413), or one Gradio could
+not read or match to a handler (422 naming why); admits device work, as the handler Gradio will run, at
+every door only through ``Runs.admit`` (else HTTP 503 or an MCP tool error naming the limit), handing it
+a server-issued ``RUN_HEADER`` (a caller's copy is removed); never takes a session hash as a credential;
+and relays its owner's closed stream, ``/cancel`` and MCP cancels to the runs they name.
 """
 
 from __future__ import annotations
