@@ -86,6 +86,25 @@ def test_history_is_newest_first_bounded_and_freed(tmp_path):
     assert not history.root.exists()
 
 
+def test_a_session_hash_alone_neither_reads_nor_frees_another_visitors_history(tmp_path):
+    """A page visitor's requests carry its owner cookie: a stranger naming the same session hash (Gradio runs
+    the unload handler for whichever hash a heartbeat or join names) sees and frees nothing of it."""
+    history = SessionHistory()
+    cookie = "tpu_demo_owner=" + "a" * 32
+
+    def caller(headers: dict) -> SimpleNamespace:
+        return SimpleNamespace(session_hash="visit", headers=headers)
+
+    owner = caller({"cookie": cookie})
+    [(path, _)] = history.add([(_png(tmp_path, "mine"), "seed 1")], owner)
+    for stranger in (caller({}), caller({"cookie": "tpu_demo_owner=" + "b" * 32})):
+        assert history.earlier(stranger) == []
+        history.drop(stranger)
+        assert Path(path).exists() and history.earlier(owner) == [(path, "seed 1")]
+    history.drop(owner)
+    assert not Path(path).exists() and history.sessions() == 0
+
+
 def test_history_view_shows_earlier_runs_only(tmp_path):
     """The run in the gallery and the comparison on show are kept but left out of the view until replaced."""
     history = SessionHistory()

@@ -195,6 +195,31 @@ def test_bodies_gradio_would_answer_with_a_bare_500_are_refused_naming_what_is_w
             answer = http.post(path, content=chunked(body[:-1], body[-1:]),
                                headers={"content-type": "application/json", "accept": "application/json, text/event-stream"})
             assert answer.status_code == 413, (path, answer.text[:300])
+        # 1 MiB less a byte, then a last chunk of 60 KB: over the limit however it is cut
+        head = b'{"data": ["' + b"x" * ((1 << 20) - 12)
+        answer = http.post("gradio_api/call/generate", content=iter([head, b"x" * 60_000 + b'"]}']),
+                           headers={"content-type": "application/json"})
+        assert answer.status_code == 413, answer.text[:300]
+        answer = http.post("gradio_api/mcp/", content=b'{"jsonrpc": "2.0", "id": 1, "method": "\xff\xfe"}',
+                           headers={"content-type": "application/json", "accept": "application/json, text/event-stream"})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == -32700, answer.text[:300]
+        _good_call(http)
+
+
+def test_an_empty_session_hash_is_refused_and_the_queue_keeps_serving(served_app):
+    """Gradio's queue cannot address an event of session "": its processing task dies and the queue stops
+    for everyone. Refused at every event door, several times over; the next good call is served."""
+    app, url = served_app
+    fn_index = _dependencies(url)["generate"]["id"]
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(3):
+            for path, body in (("gradio_api/queue/join", {"data": _generate_data(), "fn_index": fn_index, "session_hash": ""}),
+                               ("gradio_api/call/generate", {"data": _generate_data(), "session_hash": ""}),
+                               ("gradio_api/queue/join", {"data": [], "fn_index": 0, "session_hash": 7}),
+                               ("gradio_api/run/predict", {"data": [], "fn_index": 0, "session_hash": ""})):
+                answer = http.post(path, json=body)
+                assert answer.status_code == 422, (path, answer.text[:300])
+                assert answer.json()["detail"] == "session_hash: must be a non-empty string, or left out"
         _good_call(http)
 
 
@@ -239,6 +264,11 @@ def test_a_session_hash_alone_neither_reads_nor_cancels_nor_joins_another_client
                     stranger.get("config")  # the server issues this client an owner cookie of its own
                 with stranger.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
                     assert stream.status_code == 403 and "session_hash:" in stream.read().decode()
+                # named twice (the guard and Gradio might read different ones): refused
+                with stranger.stream("GET", "gradio_api/queue/data",
+                                     params=[("session_hash", "mine"), ("session_hash", session)]) as twice:
+                    assert twice.status_code == 422  # (a stream that opened would be closed here, unread)
+                    assert json.loads(twice.read())["detail"] == "session_hash: given more than once"
                 answer = stranger.post("gradio_api/cancel", json={"session_hash": session, "fn_index": generate,
                                                                   "event_id": "x"})
                 assert answer.status_code == 200

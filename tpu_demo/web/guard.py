@@ -15,9 +15,9 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection
-from urllib.parse import parse_qs
 
 from pydantic import TypeAdapter, ValidationError
+from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse
 
 from tpu_demo.web.admission import MAX_CALL_BODY, EventInputs, arity_error
@@ -105,6 +105,9 @@ class Guard:
                                                            "calls carry a prompt and a few values"})
             elif payload is TOO_DEEP:
                 await json_response(send, 422, {"detail": "body: JSON nested too deeply"})
+            elif route.kind == "mcp" and not _utf8(body):  # the MCP server would answer 500
+                await json_response(send, 400, {"jsonrpc": "2.0", "id": None,
+                                                "error": {"code": -32700, "message": "Parse error: the body is not UTF-8"}})
             elif route.kind == "mcp":
                 await self._mcp(scope, body, payload, receive, send)
             elif route.kind == "cancel":
@@ -112,7 +115,11 @@ class Guard:
             else:
                 await self._event_call(route, scope, body, payload, receive, send, arrived)
         elif method == "GET" and route.kind == "data":
-            session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [""])[0]
+            sessions = QueryParams(scope.get("query_string", b"")).getlist("session_hash")  # as Gradio reads it
+            if len(sessions) > 1:
+                await json_response(send, 422, {"detail": "session_hash: given more than once"})
+                return
+            session = sessions[0] if sessions else ""
             owner = stop_key(session, _headers(scope))
             if self.runs.held_by_another(session, owner):
                 await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
@@ -138,7 +145,8 @@ class Guard:
         fn_index = _fn_index(payload)
         inputs = self._inputs(route, fn_index)
         guarded = self._guarded(route, payload, inputs)
-        refusal = self._arity(route, scope, payload, inputs) or self._unknown(route, fn_index, inputs)
+        refusal = (_session_problem(payload) or self._arity(route, scope, payload, inputs)
+                   or self._unknown(route, fn_index, inputs))
         if refusal is not None:
             if guarded:
                 log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
@@ -378,6 +386,23 @@ def _json(body: bytes) -> Any:
         return TOO_DEEP
 
 
+def _utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _session_problem(payload: Any) -> str | None:
+    """An empty or non-text ``session_hash`` (Gradio's queue loses an event it cannot address, and its
+    processing task dies with it: the queue stops for everyone)."""
+    if isinstance(payload, dict) and "session_hash" in payload and payload["session_hash"] is not None:
+        if not isinstance(payload["session_hash"], str) or not payload["session_hash"]:
+            return "session_hash: must be a non-empty string, or left out"
+    return None
+
+
 def _fn_index(payload: Any) -> int | None:
     """The body's ``fn_index`` as Gradio's ``PredictBody`` reads it (None when absent or not a whole number)."""
     value = payload.get("fn_index") if isinstance(payload, dict) else None
@@ -398,10 +423,10 @@ async def read_body(receive: Receive) -> tuple[bytes, bool]:
         chunk = message.get("body", b"")
         chunks.append(chunk)
         size += len(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), False
         if size > MAX_CALL_BODY:
             return b"".join(chunks), True
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
 
 
 def replay_body(body: bytes, more: bool, receive: Receive) -> Receive:

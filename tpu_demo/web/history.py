@@ -1,8 +1,9 @@
 """Per-session history: this visit's earlier results under the gallery, newest first.
 
-Each session's copied PNGs are bounded (images and megabytes per session, sessions kept, oldest
-dropped first) and freed when its tab closes (``Blocks.unload``) or the server stops. The view shows
-earlier runs only, never the run on show in the gallery or the comparison.
+Each session's copied PNGs (keyed by the session and its owner cookie: a session hash alone reaches
+nothing) are bounded (images and megabytes per session, sessions kept, oldest dropped first) and freed
+when its tab closes (``Blocks.unload``) or the server stops. The view shows earlier runs only, never
+the run on show in the gallery or the comparison.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from tpu_demo.web.callers import stop_key
+
 
 @dataclass
 class _Session:
@@ -26,6 +29,12 @@ class _Session:
     count: int = 0
     #: the copies of what the page shows elsewhere now, by place ("gallery", "compare")
     showing: dict[str, set[str]] = field(default_factory=dict)
+
+
+def _owner(request: gr.Request | None) -> str:
+    """Whose history: the session with its owner cookie (a session hash alone reaches nothing, as for Stop)."""
+    session_hash = getattr(request, "session_hash", None)
+    return stop_key(session_hash, getattr(request, "headers", None)) or f"hash:{session_hash or 'anonymous'}"
 
 
 class SessionHistory:
@@ -44,7 +53,7 @@ class SessionHistory:
         Returns every kept item, newest first; with ``shown_in``, those copies are what that place of the
         page shows now (``earlier`` leaves them out).
         """
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = _owner(request)
         with self._lock:
             session = self._session(key)
             added: set[str] = set()
@@ -64,7 +73,7 @@ class SessionHistory:
 
     def earlier(self, request: gr.Request = None) -> list[tuple[str, str]]:
         """This session's kept items that no other place of the page shows now, newest first."""
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = _owner(request)
         with self._lock:
             session = self._sessions.get(key)
             if session is None:
@@ -84,7 +93,7 @@ class SessionHistory:
 
     def drop(self, request: gr.Request = None) -> None:
         """The session ended: free its files."""
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = _owner(request)
         with self._lock:  # the files go before the lock is released: no one sees a dropped session's folder
             session = self._sessions.pop(key, None)
             if session is not None:
