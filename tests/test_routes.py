@@ -7,6 +7,7 @@ handlers cannot be used to keep the device loading and compiling.
 
 import json
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
@@ -113,7 +114,8 @@ def test_missing_and_extra_values_are_named_on_every_route(served_app, data, mes
     fn_index = _dependencies(url)["generate"]["id"]
     with httpx.Client(base_url=url, timeout=30) as http:
         for path, body in (("gradio_api/call/generate", {"data": data}),
-                           ("gradio_api/queue/join", {"data": data, "fn_index": fn_index, "session_hash": "arity"}),
+                           ("gradio_api/queue/join", {"data": data, "fn_index": fn_index,
+                                                      "session_hash": f"arity-{uuid.uuid4().hex}"}),
                            ("gradio_api/run/predict", {"data": data, "fn_index": fn_index})):
             posted = http.post(path, json=body)
             assert posted.status_code == 422 and message in posted.json()["detail"], (path, posted.text)
@@ -185,6 +187,13 @@ def test_bodies_gradio_would_answer_with_a_bare_500_are_refused_naming_what_is_w
                 answer = http.post(path, json={"data": [], "fn_index": fn_index, "session_hash": "s"})
                 assert answer.status_code == 422, (path, fn_index, answer.text[:300])
                 assert answer.json()["detail"] == f"fn_index: no event {int(fn_index)}"
+        # an event of JavaScript alone: nothing on the server runs it
+        config = httpx.get(url + "config").json()
+        browser_only = next(dep["id"] for dep in config["dependencies"] if dep.get("backend_fn") is False)
+        for path in ("gradio_api/queue/join", "gradio_api/run/predict"):
+            answer = http.post(path, json={"data": [1], "fn_index": browser_only, "session_hash": "s"})
+            assert answer.status_code == 422, (path, answer.text)
+            assert answer.json()["detail"] == f"fn_index: event {browser_only} runs in the browser only"
         for path in ("gradio_api/call/nosuch", "gradio_api/run/nosuch"):
             answer = http.post(path, json={"data": []})
             assert answer.status_code == 422 and answer.json()["detail"] == "api_name: no endpoint 'nosuch'", answer.text
@@ -246,10 +255,10 @@ def test_a_handler_is_admitted_as_what_gradio_runs_not_as_the_route_names_it(lau
 
 
 def test_a_session_hash_alone_neither_reads_nor_cancels_nor_joins_another_clients_session(launch_app):
-    """A stranger holding the owner's session hash (as if it leaked), with no cookie or its own: the
-    session's stream is refused (closing it would stop the run; reading it would take its messages),
-    Gradio's cancel by (session, fn_index) reaches nothing, a join into the session is refused; the
-    owner's run finishes every image and leaves nothing in the registry."""
+    """A stranger holding the owner's session hash (as if it leaked), with no cookie or its own, while the
+    owner's run is on and after it ended: the session's stream is refused (closing it would stop the run;
+    reading it would take its messages), as are its heartbeat, a join into it and a cancel naming it (Gradio
+    cancels every task of (session, fn_index)); the owner's runs finish every image and leave nothing behind."""
     app, url = launch_app("--no-warmup", "--max-per-session", "2")
     steps, hook = slow_steps(app, 0.1)
     owner = Client(url, verbose=False)
@@ -271,13 +280,28 @@ def test_a_session_hash_alone_neither_reads_nor_cancels_nor_joins_another_client
                     assert json.loads(twice.read())["detail"] == "session_hash: given more than once"
                 answer = stranger.post("gradio_api/cancel", json={"session_hash": session, "fn_index": generate,
                                                                   "event_id": "x"})
-                assert answer.status_code == 200
+                assert answer.status_code == 403
                 joined = stranger.post("gradio_api/queue/join", json={"data": _generate_data(), "fn_index": generate,
                                                                       "session_hash": session})
                 assert joined.status_code == 403 and joined.json()["detail"].startswith("session_hash:"), joined.text
         wait_until(job.done, 120)
+        final, _ = job.outputs()[-1]
+        assert len(final) == 3  # every image: nothing the stranger sent reached the run
+        # between runs (nothing of the session running): the session is still its owner's
+        for cookie in (False, True):
+            with httpx.Client(base_url=url, timeout=30) as stranger:
+                if cookie:
+                    stranger.get("config")
+                for path in ("gradio_api/queue/data?session_hash=" + session, "gradio_api/heartbeat/" + session):
+                    with stranger.stream("GET", path) as stream:
+                        assert stream.status_code == 403, (path, cookie)
+                joined = stranger.post("gradio_api/queue/join", json={"data": _generate_data(), "fn_index": generate,
+                                                                      "session_hash": session})
+                assert joined.status_code == 403, joined.text
+        job = owner.submit(**request_fields(seed=6, num_images=2, num_inference_steps=4, **GOOD), api_name="/generate")
+        wait_until(job.done, 120)
     final, _ = job.outputs()[-1]
-    assert len(final) == 3  # every image: nothing the stranger sent reached the run
+    assert len(final) == 2
     assert wait_until(lambda: not list(app.ui.runs), 30), list(app.ui.runs)
 
 

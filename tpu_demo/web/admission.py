@@ -91,6 +91,8 @@ class EventInputs:
     server_side: int = 0
     #: runs through Gradio's queue (then its ``/run/`` route is closed: ``api_open=False``)
     queued: bool = True
+    #: has a Python function (an event of JavaScript alone runs in the browser)
+    backend: bool = True
 
 
 def arity_error(inputs: EventInputs, data: Any, simple_format: bool = False, named: bool = False) -> str | None:

@@ -1,13 +1,16 @@
 """Who a caller is, for Stop and for the per-session limit: something another caller cannot claim.
 
 A run belongs to (owner cookie, session hash): the cookie is a secret the server issues (web/guard.py),
-HttpOnly, so Stop naming the same session hash with another cookie, or none, reaches nothing. A caller
-that proved nothing owns nothing. ``RUN_HEADER`` carries the server-issued ticket of an admitted run.
+HttpOnly, so Stop naming the same session hash with another cookie, or none, reaches nothing; a session
+first used with a cookie is that cookie's (``SessionOwners``). A caller that proved nothing owns nothing.
+``RUN_HEADER`` carries the server-issued ticket of an admitted run.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -56,3 +59,27 @@ def stop_key(session_hash: Any, headers: Any) -> str | None:
         return f"{owner}/{session_hash}"
     return None
 
+
+class SessionOwners:
+    """Which owner secret first used each session hash: a session bound to one is another caller's for
+    everyone else (its stream, joins, heartbeat and cancels). A caller that proved nothing binds nothing.
+    Keeps the last ``capacity`` sessions (Gradio keeps its last 2,000 sessions' messages)."""
+
+    def __init__(self, capacity: int = 20_000):
+        self.capacity = capacity
+        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def allows(self, session_hash: Any, owner: str | None) -> bool:
+        """Whether ``owner`` (``owner_of``) may use ``session_hash``; its first use by an owner binds it."""
+        if not isinstance(session_hash, str) or not session_hash:
+            return True
+        with self._lock:
+            bound = self._owners.get(session_hash)
+            if bound is None and owner is not None:
+                self._owners[session_hash] = bound = owner
+                if len(self._owners) > self.capacity:
+                    self._owners.popitem(last=False)
+            if bound is not None:
+                self._owners.move_to_end(session_hash)
+            return bound is None or bound == owner

@@ -21,7 +21,7 @@ from starlette.datastructures import QueryParams
 from starlette.responses import JSONResponse
 
 from tpu_demo.web.admission import MAX_CALL_BODY, EventInputs, arity_error
-from tpu_demo.web.callers import OWNER_COOKIE, RUN_HEADER, owner_of, stop_key
+from tpu_demo.web.callers import OWNER_COOKIE, RUN_HEADER, SessionOwners, owner_of, stop_key
 from tpu_demo.web.runs import Run, Runs, StopReason
 
 log = logging.getLogger("tpu_demo.requests")
@@ -43,7 +43,7 @@ _FN_INDEX = TypeAdapter(int | None)
 class Route:
     """A request as Gradio's HTTP API names it: ``kind`` of route, the api name or event id it names."""
 
-    kind: str  # join | call | call_stream | run | data | cancel | mcp | mcp_sse | other
+    kind: str  # join | call | call_stream | run | data | cancel | heartbeat | mcp | mcp_sse | other
     name: str = ""
 
 
@@ -65,6 +65,8 @@ def route_of(scope: Scope) -> Route:
         return Route("data")
     if rest == "cancel":
         return Route("cancel")
+    if parts[0] == "heartbeat" and len(parts) == 2:
+        return Route("heartbeat", parts[1])
     if parts[0] == "call" and len(parts) >= 2:
         named = parts[2:] if parts[1] == "v2" else parts[1:]
         if len(named) == 1:
@@ -84,6 +86,7 @@ class Guard:
                  events: Callable[[], tuple[dict[int, EventInputs], dict[str, EventInputs]]],
                  tools: Collection[str] = (), input_schema: Callable[[str], dict | None] = lambda tool: None):
         self.app, self.runs, self.guarded = app, runs, frozenset(guarded)
+        self.sessions = SessionOwners()
         self.events, self.tools, self.input_schema = events, tuple(tools), input_schema
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -105,6 +108,9 @@ class Guard:
                                                            "calls carry a prompt and a few values"})
             elif payload is TOO_DEEP:
                 await json_response(send, 422, {"detail": "body: JSON nested too deeply"})
+            elif (route.kind in ("join", "call", "cancel") and isinstance(payload, dict)
+                  and not self._may_use(payload.get("session_hash"), scope)):
+                await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
             elif route.kind == "mcp" and not _utf8(body):  # the MCP server would answer 500
                 await json_response(send, 400, {"jsonrpc": "2.0", "id": None,
                                                 "error": {"code": -32700, "message": "Parse error: the body is not UTF-8"}})
@@ -120,15 +126,22 @@ class Guard:
                 await json_response(send, 422, {"detail": "session_hash: given more than once"})
                 return
             session = sessions[0] if sessions else ""
-            owner = stop_key(session, _headers(scope))
-            if self.runs.held_by_another(session, owner):
+            if not self._may_use(session, scope):
                 await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
                 return
+            owner = stop_key(session, _headers(scope))
             await _watched(self.app, scope, receive, send, lambda: self.runs.session_gone(session, owner))
+        elif route.kind == "heartbeat" and not self._may_use(route.name, scope):
+            await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
         elif method == "GET" and route.kind == "call_stream":
             await _watched(self.app, scope, receive, send, lambda: self.runs.stop_event(route.name))
         else:
             await self.app(scope, receive, send)
+
+    def _may_use(self, session_hash: Any, scope: Scope) -> bool:
+        """Whether this caller may name ``session_hash`` at Gradio's queue (join, stream, cancel) or its
+        heartbeat; its first use there with an owner cookie binds it. (``/run/`` handlers check their owner.)"""
+        return self.sessions.allows(session_hash, owner_of(_headers(scope)))
 
     def _cancel(self, payload: Any, body: bytes) -> bytes:
         """Stop the run ``event_id`` names; Gradio's cancel then reaches only that event. (Gradio would also
@@ -145,8 +158,8 @@ class Guard:
         fn_index = _fn_index(payload)
         inputs = self._inputs(route, fn_index)
         guarded = self._guarded(route, payload, inputs)
-        refusal = (_session_problem(payload) or self._arity(route, scope, payload, inputs)
-                   or self._unknown(route, fn_index, inputs))
+        refusal = (_session_problem(payload) or self._unknown(route, fn_index, inputs)
+                   or self._arity(route, scope, payload, inputs))
         if refusal is not None:
             if guarded:
                 log.info(json.dumps({"event": "request", "outcome": "invalid", "error": refusal}))
@@ -157,9 +170,6 @@ class Guard:
             return
         session_hash = json_field(body, "session_hash")
         owner = stop_key(session_hash, _headers(scope))
-        if self.runs.held_by_another(session_hash, owner):
-            await json_response(send, 403, {"detail": f"session_hash: {FOREIGN_SESSION}"})
-            return
         run = await self._admit(session_hash if isinstance(session_hash, str) else None, owner, scope, send)
         if run is None:
             return
@@ -189,7 +199,9 @@ class Guard:
         return by_index.get(fn_index) if fn_index is not None else None
 
     def _unknown(self, route: Route, fn_index: int | None, inputs: EventInputs | None) -> str | None:
-        """A call naming no handler (Gradio would answer with a bare 500)."""
+        """A call naming no handler, or one with no Python function (Gradio would answer with a bare 500)."""
+        if inputs is not None and not inputs.backend:
+            return f"fn_index: event {fn_index if fn_index is not None else route.name[:40]} runs in the browser only"
         if inputs is not None:
             return None
         if fn_index is not None:
@@ -280,7 +292,8 @@ def event_table(blocks: Any) -> tuple[dict[int, EventInputs], dict[str, EventInp
         listed = iter(p["parameter_name"] for p in endpoints.get(f"/{api_name}", {}).get("parameters", []))
         names = tuple("state" if block in states else next(listed, f"input {n + 1}") for n, block in enumerate(inputs))
         by_index[dependency["id"]] = EventInputs(api_name, names, sum(1 for block in inputs if block in states),
-                                                 queued=bool(dependency.get("queue", True)))
+                                                 queued=bool(dependency.get("queue", True)),
+                                                 backend=bool(dependency.get("backend_fn", True)))
     return by_index, {inputs.api_name: inputs for inputs in by_index.values() if inputs.api_name}
 
 
@@ -374,7 +387,7 @@ async def _watched(app: Callable, scope: Scope, receive: Receive, send: Send, on
 #: what ``_json`` returns for a body nested past the parser's recursion limit (Gradio would answer 500)
 TOO_DEEP = object()
 #: why a caller holding only another client's session hash is refused its stream and its joins
-FOREIGN_SESSION = "its requests belong to another client (a session's stream is its owner's)"
+FOREIGN_SESSION = "this session belongs to another client (a session is its owner's)"
 
 
 def _json(body: bytes) -> Any:

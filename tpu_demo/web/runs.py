@@ -257,12 +257,6 @@ class Runs:
         self._stop(self._select(lambda run: run.session_hash == session_hash and run.owner in (owner, None)),
                    StopReason.DISCONNECTED)
 
-    def held_by_another(self, session_hash: Any, owner: str | None) -> bool:
-        """Whether a run of ``session_hash`` belongs to an owner other than ``owner`` (whoever holds only
-        the hash gets neither its stream nor a place in it; a run whose caller proved nothing is nobody's)."""
-        return bool(session_hash) and bool(self._select(
-            lambda run: run.session_hash == session_hash and run.owner is not None and run.owner != owner))
-
     def stop_all(self, reason: StopReason = StopReason.SHUTDOWN) -> None:
         self.shutting_down = self.shutting_down or reason is StopReason.SHUTDOWN
         self._stop(self._select(lambda run: True), reason)
