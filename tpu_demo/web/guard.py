@@ -117,7 +117,7 @@ class Guard:
             elif route.kind == "mcp":
                 await self._mcp(scope, body, payload, receive, send)
             elif route.kind == "cancel":
-                await self.app(scope, replay_body(self._cancel(payload, body), False, receive), send)
+                await self.app(scope, replay_body(self._cancel(payload, body), receive), send)
             else:
                 await self._event_call(route, scope, body, payload, receive, send, arrived)
         elif method == "GET" and route.kind == "data":
@@ -166,7 +166,7 @@ class Guard:
             await json_response(send, 422, {"detail": refusal})
             return
         if not guarded:
-            await self.app(scope, replay_body(body, False, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         session_hash = json_field(body, "session_hash")
         owner = stop_key(session_hash, _headers(scope))
@@ -181,7 +181,7 @@ class Guard:
                 self.runs.joined(run.ticket, json_field(answer.get("body", b""), "event_id"))
 
         inner_send = _recording(send, answer, on_complete=queued)
-        replay = replay_body(body, False, receive)
+        replay = replay_body(body, receive)
         if route.kind == "run":  # answered when the handler ends: a closed connection stops it
             replay = _watching(replay, answer, lambda: self.runs.stop_ticket(run.ticket))
         try:
@@ -252,7 +252,7 @@ class Guard:
             self.runs.stop_mcp_call(client_host, json.dumps(params.get("requestId")), StopReason.USER)
         tool = params.get("name") if method == "tools/call" else None
         if not isinstance(tool, str):
-            await self.app(scope, replay_body(body, False, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         request_id = message.get("id")
         if tool not in self.tools:  # Gradio would call any public endpoint by its function's name
@@ -266,14 +266,14 @@ class Guard:
             await tool_error(send, request_id, problem)
             return
         if tool not in self.guarded:
-            await self.app(scope, replay_body(body, False, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         run = await self._admit(None, None, scope, send, mcp_id=(request_id,))
         if run is None:
             return
         run.mcp_call = (client_host, json.dumps(request_id))  # JSON-RPC ids keep their type: 1 is not "1"
         # the client cancelled or went away: its run stops at its next step
-        gone = _watching(replay_body(body, False, receive), {}, lambda: self.runs.stop_ticket(run.ticket, StopReason.USER))
+        gone = _watching(replay_body(body, receive), {}, lambda: self.runs.stop_ticket(run.ticket, StopReason.USER))
         try:
             await self.app(_with_ticket(scope, run.ticket), gone, send)
         finally:
@@ -442,14 +442,15 @@ async def read_body(receive: Receive) -> tuple[bytes, bool]:
             return b"".join(chunks), False
 
 
-def replay_body(body: bytes, more: bool, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that hands the app the whole body the guard read, then the connection's messages."""
     sent = False
 
     async def replay() -> dict[str, Any]:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": more}
+            return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
     return replay
