@@ -18,7 +18,8 @@ import pandas as pd
 from tpu_demo.core.modes import ExecutionMode
 from tpu_demo.core.recent import RecentRuns, TimedRun
 
-COLUMNS = ["shape", "mode", "seconds per image", "images"]
+#: the frame's columns, typed even when empty: the browser keeps the axis types of the first frame it gets
+COLUMNS = {"shape": str, "mode": str, "seconds per image": float, "images": int}
 
 
 def speed_frame(runs: Sequence[TimedRun], model_id: str) -> pd.DataFrame:
@@ -32,9 +33,7 @@ def speed_frame(runs: Sequence[TimedRun], model_id: str) -> pd.DataFrame:
              "mode": ExecutionMode(mode).title, "seconds per image": round(median(seconds), 4), "images": len(seconds)}
             for (resolution, steps, mode), seconds in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1],
                                                                                               order.index(g[0][2])))]
-    # typed even when empty: the browser keeps the axis types of the first frame it gets
-    return pd.DataFrame(rows, columns=COLUMNS).astype({"shape": str, "mode": str, "seconds per image": float,
-                                                      "images": int})
+    return pd.DataFrame(rows, columns=list(COLUMNS)).astype(COLUMNS)
 
 
 def figures_html(frame: pd.DataFrame) -> str:

@@ -67,8 +67,7 @@ class RequestRecord:
         line.update(images_done=self.images_done, queue_wait_s=self.queue_wait_seconds,
                     compile_s=round(self.compile_seconds, 4), denoise_s=round(self.denoise_seconds, 4),
                     decode_s=round(self.decode_seconds, 4), total_s=round(time.perf_counter() - self.started, 4),
-                    outcome=self.outcome)
-        line["stages_ms"] = self.stages_ms()
+                    outcome=self.outcome, stages_ms=self.stages_ms())
         if self.error:
             line["error"] = self.error
         if log_prompt and request is not None:

@@ -141,12 +141,10 @@ class SettingsRestore:
             spec, _ = self.checked(request.model, request.mode.value)
             if request.style and (refusal := self.style_refusal(spec.id)):
                 raise RequestError("style", refusal)
-        except RequestError as error:
-            note = (f"<p class='link-note link-error' role='alert'>This link cannot be used: "
-                    f"<strong>{html.escape(str(error))}</strong>. Nothing was run.</p>")
-            return (*(gr.skip(),) * (LINK_OUTPUTS - 2), gr.update(value=note, visible=True), gr.update(visible=False))
-        except gr.Error as error:  # the model or mode check of the page (same wording as the API's)
-            note = f"<p class='link-note link-error' role='alert'>This link cannot be used: {html.escape(str(error))}.</p>"
+        except (RequestError, gr.Error) as error:  # gr.Error: the page's model or mode check (the API's wording)
+            why = (f"<strong>{html.escape(str(error))}</strong>. Nothing was run." if isinstance(error, RequestError)
+                   else f"{html.escape(str(error))}.")
+            note = f"<p class='link-note link-error' role='alert'>This link cannot be used: {why}</p>"
             return (*(gr.skip(),) * (LINK_OUTPUTS - 2), gr.update(value=note, visible=True), gr.update(visible=False))
         note = ("<p class='link-note' role='status'>Settings from a shared link: "
                 "<strong>Generate this</strong> makes the same image (nothing has run yet).</p>")

@@ -8,7 +8,6 @@ limit, SIGTERM) calls ``Run.stop``; the engine sees the run's flag at its next s
 from __future__ import annotations
 
 import enum
-import itertools
 import secrets
 import threading
 import time
@@ -56,7 +55,6 @@ class Run:
     #: whose Stop reaches it (``callers.stop_key``); None: nobody's but its own cancel
     owner: str | None
     client_host: str | None
-    order: int = 0
     joined: float = field(default_factory=time.monotonic)
     #: Gradio's id of the queue event (what ``/cancel`` names), once the join has answered
     event_id: str | None = None
@@ -99,7 +97,6 @@ class Runs:
         self.settings = settings
         self.shutting_down = False
         self._runs: dict[str, Run] = {}
-        self._order = itertools.count()
         self._lock = threading.Lock()
         self._watch = threading.Thread(target=self._watch_deadlines, name="run-deadlines", daemon=True)
         self._watch.start()
@@ -122,7 +119,7 @@ class Runs:
     def _new_run(self, session: str, session_hash: str | None, owner: str | None, client_host: str | None) -> Run:
         """A run registered under a fresh ticket (the caller holds the lock)."""
         run = Run(ticket=secrets.token_urlsafe(18), session=session, session_hash=session_hash, owner=owner,
-                  client_host=client_host, order=next(self._order))
+                  client_host=client_host)
         self._runs[run.ticket] = run
         return run
 
@@ -145,7 +142,15 @@ class Runs:
         try:
             return validate()
         except RequestError as error:
-            self.reject(request, error)
+            ticket = header(getattr(request, "headers", None), RUN_HEADER)
+            with self._lock:
+                run = self._runs.pop(ticket, None) if ticket else None
+            record = RequestRecord(outcome="invalid", error=str(error))
+            if run is not None:
+                record.queue_wait_seconds = round(time.monotonic() - run.joined, 4)
+                if run.event_id:
+                    record.request_id = run.event_id
+            record.emit()
             raise user_error(str(error), "Invalid input") from None
 
     def supervise(self, request: Any, generation: GenerationRequest,
@@ -214,22 +219,10 @@ class Runs:
             record.request_id = run.event_id
         record.emit(self.settings.log_prompts)
 
-    def reject(self, request: Any, error: RequestError) -> None:
-        """Log a request refused by validation (it never reached the device) and free its place."""
-        ticket = header(getattr(request, "headers", None), RUN_HEADER)
-        with self._lock:
-            run = self._runs.pop(ticket, None) if ticket else None
-        record = RequestRecord(outcome="invalid", error=str(error))
-        if run is not None:
-            record.queue_wait_seconds = round(time.monotonic() - run.joined, 4)
-            if run.event_id:
-                record.request_id = run.event_id
-        record.emit()
-
     # ---- the ways of stopping ---------------------------------------------------------------------
     def _select(self, keep: Callable[[Run], bool]) -> list[Run]:
         with self._lock:
-            return sorted((run for run in self._runs.values() if keep(run)), key=lambda run: run.order)
+            return [run for run in self._runs.values() if keep(run)]  # admission order: a dict keeps it
 
     def stop_owner(self, owner: str | None) -> None:
         """Stop: the owner's oldest run (it stops at its next step; a waiting one as soon as it starts)."""
