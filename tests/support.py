@@ -85,6 +85,19 @@ def raw_call(url: str, body: str) -> str:
 
 
 
+def queue_call(http: httpx.Client, fn_index: int, data: list, session_hash: str) -> dict:
+    """One event through Gradio's queue as the page runs it (join, then the session's stream): its
+    ``process_completed`` message (``success``, ``output``: the ``data`` or the ``error``, and its title)."""
+    joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session_hash})
+    assert joined.status_code == 200, joined.text
+    with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session_hash}) as stream:
+        for line in stream.iter_lines():
+            message = json.loads(line[len("data:"):]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed":
+                return message
+    raise AssertionError("the stream closed before the event completed")
+
+
 def generate_fn_index(url: str) -> int:
     config = httpx.get(url + "config").json()
     return next(dep["id"] for dep in config["dependencies"] if dep.get("api_name") == "generate")

@@ -137,10 +137,23 @@ def test_invalid_input_shows_a_visible_message(open_page):
     message = page.get_by_text("prompt: is empty")
     message.wait_for(state="visible", timeout=10_000)
     assert page.locator(GALLERY_IMAGES).count() == 0
-    # the server keeps serving: a valid prompt still works in the same page
+    # a seed out of range, typed with Randomize off: a message naming it (not a bare "Error" in place of the box)
     page.fill("#prompt textarea", "a red circle on a white background")
-    page.click("#generate")
+    page.click("#advanced button.label-wrap")
+    page.get_by_label("Randomize seed").uncheck()
+    for seed in ("-5", "99999999999"):
+        page.locator("#seed input").fill(seed)
+        page.locator("#seed input").press("Tab")
+        page.click("#generate")
+        page.get_by_text("seed: must be").first.wait_for(state="visible", timeout=10_000)
+        assert page.locator("#seed input").is_visible()
+        page.locator(".toast-close").first.click()
+        page.get_by_text("seed: must be").first.wait_for(state="hidden", timeout=10_000)
+    page.locator("#seed input").fill("3")
+    # the server keeps serving, and Enter in the prompt generates (as the placeholder says)
+    page.locator("#prompt textarea").press("Enter")
     wait_for_gallery_images(page, 1)
+    assert page.input_value("#prompt textarea") == "a red circle on a white background"  # no new line typed
 
 
 def start_long_run(page) -> None:

@@ -72,3 +72,28 @@ def test_a_copied_link_fills_a_new_page_and_generates_the_same_pixels(open_page)
     assert not tampered.locator("#generate-this").is_visible()
     assert tampered.locator(GALLERY_IMAGES).count() == 0
     assert blocked == [] and errors == []
+
+
+def test_the_restore_controls_say_why_nothing_was_restored(open_page, tmp_path):
+    """Reuse with no image selected, a PNG not made here, a file that is not a PNG: each gets a message on the
+    page (Gradio shows a handler's messages only for an event that runs through its queue), and the controls
+    keep what the visitor typed."""
+    foreign, not_png = tmp_path / "foreign.png", tmp_path / "notpng.png"
+    Image.new("RGB", (100, 80), "white").save(foreign)
+    not_png.write_text("not an image")
+    page, blocked, _ = open_page()
+    page.fill("#prompt textarea", "a red circle")
+    page.click("#generate")
+    wait_for_gallery_images(page, 1)  # the reuse row shows under finished images
+    page.fill("#prompt textarea", "kept as typed")
+    page.click("#reuse")
+    page.get_by_text("Select an image in the gallery first.").wait_for(state="visible", timeout=10_000)
+    assert page.input_value("#prompt textarea") == "kept as typed"
+    for path, message in ((foreign, "This image carries no settings from this app."),
+                          (not_png, "this file is not a PNG")):
+        page, blocked, _ = open_page()
+        page.fill("#prompt textarea", "kept as typed")
+        page.locator("#restore-png input[type=file]").set_input_files(str(path))
+        page.get_by_text(message).first.wait_for(state="visible", timeout=10_000)
+        assert page.input_value("#prompt textarea") == "kept as typed" and page.locator("#demo-header h1").is_visible()
+        assert blocked == []

@@ -38,7 +38,7 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
     from playwright.sync_api import sync_playwright
 
     app, url = start_app("--cache-dir", str(cache_dir), "--compile-backend", "aot_eager", "--model", "tiny-shapes",
-                         "--models", "tiny-shapes", "--mode", "compiled", "--buckets", "64x64",
+                         "--models", "tiny-shapes,tiny-flux", "--mode", "compiled", "--buckets", "64x64",
                          "--max-batch", "1")  # one graph to count: batch sizes 2 and 4 would still be warming
     try:
         with sync_playwright() as playwright:
@@ -100,6 +100,13 @@ def test_a_style_picked_in_the_page_generates_on_the_warm_graph_without_compilin
             note = tampered.inner_text("#link-note")
             assert "style: 'sketch' is not a style of tiny-shapes" in note and "Nothing was run" in note
             assert not tampered.locator("#generate-this").is_visible()
+            # another model chosen: its own examples, and no style example (tiny-flux has no styles)
+            assert tampered.locator("#style-examples").is_visible()
+            tampered.click("#model input")
+            tampered.get_by_role("option", name=get_spec("tiny-flux").title).click()
+            tampered.locator("#style-examples").wait_for(state="hidden", timeout=10_000)
+            tampered.locator("#examples").get_by_text("a red circle on a white background").wait_for(timeout=10_000)
+            assert tampered.locator("#examples").get_by_text("a large blue circle").count() == 0
             assert blocked == []
             context.close()
             browser.close()

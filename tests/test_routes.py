@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client
 
 from conftest import request_fields
-from support import GOOD, Hook, slow_steps, wait_until
+from support import GOOD, Hook, queue_call, slow_steps, wait_until
 from tpu_demo.core.request import MODEL_DEFAULTS
 from tpu_demo.web.page import PAGE_GENERATE
 
@@ -145,10 +145,13 @@ def test_direct_routes_are_closed_and_other_handlers_are_checked(served_app):
                 # Gradio's Dropdown / Radio refuse a value outside their choices first, naming the value
                 assert answer.status_code == 500 and (field in error or "not in the list of choices" in error), \
                     (name, data, answer.text)
-        # restore: a path outside Gradio's cache is not read; an index that is not one is ignored
+        # restore (through the queue, as the page runs it; its direct route is closed): a path outside Gradio's
+        # cache is not read
+        restore = deps["restore_settings"]["id"]
+        assert http.post("gradio_api/run/predict", json={"data": [None, "eager"], "fn_index": restore}).status_code == 404
         for data in ([{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, "eager"], [None, "eager"]):
-            answer = http.post("gradio_api/run/predict", json={"data": data, "fn_index": deps["restore_settings"]["id"]})
-            assert "root:" not in answer.text
+            answer = queue_call(http, restore, data, f"restore-{uuid.uuid4().hex}")
+            assert "root:" not in json.dumps(answer), answer
         assert http.post("gradio_api/run/predict", json={"data": [123, True], "fn_index": deps["pick_seed"]["id"],
                                                          "session_hash": "x"}).status_code == 200
         # an oversized body is refused before anything parses it

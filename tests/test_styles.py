@@ -272,8 +272,8 @@ def test_the_api_takes_a_style_records_it_in_caption_and_png_and_reuse_restores_
     assert (settings["style"], settings["style_scale"]) == ("outline", 0.8)
     with httpx.Client(base_url=url, timeout=60) as http, open(item["image"], "rb") as file:
         restored = _restore(http, url, file.read())
-    assert restored.status_code == 200, restored.text
-    style_update, scale_update = restored.json()["data"][-2:]
+    assert restored["success"], restored
+    style_update, scale_update = restored["output"]["data"][-2:]
     assert style_update["value"] == "outline" and scale_update["value"] == 0.8
     (plain,), _ = client.predict(*fields, "None", 0.8, api_name="/generate")
     assert "style" not in plain["caption"]

@@ -7,7 +7,7 @@ import httpx
 from gradio_client import Client
 
 from conftest import request_fields
-from support import GOOD, good_request_works
+from support import GOOD, good_request_works, queue_call
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -20,13 +20,14 @@ def _png(width: int, height: int, text: bytes = b"") -> bytes:
             _chunk(b"IDAT", zlib.compress(b"\0" * 4096)) + _chunk(b"IEND", b""))
 
 
-def _restore(http: httpx.Client, url: str, content: bytes, name: str = "drop.png") -> httpx.Response:
-    """Upload a file as the page does (POST /gradio_api/upload), then call the restore handler on it."""
+def _restore(http: httpx.Client, url: str, content: bytes, name: str = "drop.png") -> dict:
+    """Upload a file as the page does (POST /gradio_api/upload), then run the restore handler on it through
+    Gradio's queue, as the page does; its completion message."""
     (path,) = http.post("gradio_api/upload", files={"files": (name, content, "image/png")}).json()
     fn_index = next(dep["id"] for dep in http.get("config").json()["dependencies"]
                     if dep["api_name"] == "restore_settings")
     data = [{"path": path, "orig_name": name, "meta": {"_type": "gradio.FileData"}}, "eager"]
-    return http.post("gradio_api/run/predict", json={"data": data, "fn_index": fn_index, "session_hash": "upload"})
+    return queue_call(http, fn_index, data, "upload")
 
 
 def test_png_uploads_are_bounded_and_refused_with_a_message(served_app):
@@ -37,13 +38,13 @@ def test_png_uploads_are_bounded_and_refused_with_a_message(served_app):
         with open(item["image"], "rb") as file:  # gradio_client downloaded the PNG the app made
             made_here = file.read()
         restored = _restore(http, url, made_here)
-        assert restored.status_code == 200, restored.text
-        assert 99 in restored.json()["data"] and "tiny-flux" in restored.json()["data"]
+        assert restored["success"], restored
+        assert 99 in restored["output"]["data"] and "tiny-flux" in restored["output"]["data"]
         for content, message in ((_png(20000, 20000), "image: the PNG is 20000x20000 (400 megapixels)"),
                                  (_png(64, 64, b"tpu_demo\0" + b"{" * (2 << 20)), "KiB text chunk"),
                                  (b"GIF89a not a png", "not a PNG")):
             answer = _restore(http, url, content)
-            assert answer.status_code == 500 and message in answer.json()["error"], answer.text
+            assert not answer["success"] and message in answer["output"]["error"], answer
         # a PNG without settings is answered with a warning, not an error
-        assert _restore(http, url, _png(64, 64)).status_code == 200
+        assert _restore(http, url, _png(64, 64))["success"]
     good_request_works(client, app)

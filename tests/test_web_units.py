@@ -183,3 +183,31 @@ def test_a_bucket_is_ready_when_every_batch_size_of_it_is_warm():
     sizes[-1] = shape("128x128", 2, BucketState.COMPILING)
     verdict = bucket_readiness(sizes, True, "tiny-flux", "compiled")
     assert not verdict.ready and verdict.reason.endswith("; 1 warm")
+
+
+def test_a_random_seed_does_not_come_from_pythons_shared_random_state():
+    """torch.compile saves ``random``'s shared state before a compile and restores it after, on whichever thread
+    compiles: a seed drawn from that state meanwhile would be drawn again by the next visitor. Every draw here
+    starts from the same shared state, and the seeds still differ."""
+    import random
+
+    from tpu_demo.core.request import MAX_SEED
+    from tpu_demo.web.handlers import PageHandlers
+
+    state = random.getstate()
+    seeds = set()
+    for _ in range(6):
+        random.setstate(state)
+        seeds.add(PageHandlers.pick_seed(0, True))
+    assert len(seeds) == 6 and all(0 <= seed <= MAX_SEED for seed in seeds)
+    # not randomized: the seed goes on as given, and Generate names the field when it is out of range
+    assert PageHandlers.pick_seed(-5, False) == -5 and PageHandlers.pick_seed(7, None) == 7
+
+
+def test_a_drawn_caption_shows_no_control_characters():
+    """A text encoder's upsampler can write any bytes (tiny-flux2's random one does): the caption stays text."""
+    from tpu_demo.web.handlers import drawn_caption
+
+    caption = drawn_caption({"drawn_marked": "3\x1c3\x0e\x00a [red] circle", "seed_chose": True})
+    assert caption.startswith("\ndrawn as: 3") and "a [red] circle" in caption
+    assert all(char.isprintable() for char in caption[1:])

@@ -14,10 +14,10 @@ def about_markdown(facts: dict[str, Any]) -> str:
     versions = " \u00b7 ".join(f"{name} {html.escape(str(version))}" for name, version in facts["versions"].items())
     cache = facts["compile_cache"]
     cache_text = ", ".join(f"{tier}: {entry['files']} files, {entry['mb']} MB" for tier, entry in cache.items())
-    lines = [
-        f"**Device:** {html.escape(facts['device'])} \u00b7 {chips}",
-        f"**Versions:** {versions}",
-        f"**Compile backend:** `{html.escape(facts['compile_backend'])}`",
+    lines = [  # one fact a line: a Markdown line break is two spaces at the end
+        f"**Device:** {html.escape(facts['device'])} \u00b7 {chips}  ",
+        f"**Versions:** {versions}  ",
+        f"**Compile backend:** `{html.escape(facts['compile_backend'])}`  ",
         f"**Compile cache** (graphs on disk, survive restarts): {cache_text}",
         "",
         "| model | placement | model card |",

@@ -28,6 +28,10 @@ from tpu_demo.web.runs import Runs
 from tpu_demo.web.styles import caption_part, style_updates
 
 
+#: the page's random seeds
+_SEEDS = random.SystemRandom()
+
+
 @dataclass(frozen=True)
 class UiSettings:
     start_model: str
@@ -67,6 +71,8 @@ def drawn_caption(parameters: dict[str, Any]) -> str:
     if not marked:
         return ""
     chosen = " ([...]: chosen by the seed)" if parameters.get("seed_chose") else ""
+    # a text encoder's upsampler may write any bytes (tiny-flux2's random one does): no control characters
+    marked = "".join(char if char.isprintable() else "\ufffd" for char in marked)
     return f"\ndrawn as: {marked}{chosen}"
 
 
@@ -200,15 +206,11 @@ class PageHandlers:
         return "\n".join(lines)
 
     @staticmethod
-    def pick_seed(seed: Any, randomize: Any) -> int:
-        """A random seed, else ``seed`` if it is a valid one (Generate checks it again), else 0."""
-        if randomize is True:
-            return random.randint(0, MAX_SEED)
-        try:
-            value = int(seed)
-        except (TypeError, ValueError, OverflowError):
-            return 0
-        return value if 0 <= value <= MAX_SEED else 0
+    def pick_seed(seed: Any, randomize: Any) -> Any:
+        """A random seed, else ``seed`` as given (Generate checks it and names the field). The random one comes
+        from the OS, not Python's shared ``random`` state, which torch.compile saves and restores around each
+        compile on another thread (visitors would draw the same seed again)."""
+        return _SEEDS.randint(0, MAX_SEED) if randomize is True else seed
 
     # ---- helpers --------------------------------------------------------------------------
     @staticmethod

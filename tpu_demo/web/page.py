@@ -20,7 +20,7 @@ from tpu_demo.web.history import SessionHistory
 from tpu_demo.web.gradio_internals import hide_from_mcp
 from tpu_demo.web.outputs import NO_PREVIEW
 from tpu_demo.web.restore import COPY_JS, QUERY_JS
-from tpu_demo.web.styles import style_controls, style_examples, style_updates
+from tpu_demo.web.styles import style_controls, style_example_samples, style_examples, style_updates
 
 #: the page's own events of the device handlers (undocumented: programs call /generate and /compare_modes;
 #: the guard names their inputs from the API info all the same)
@@ -31,6 +31,9 @@ GUARDED_APIS = (PAGE_GENERATE, PAGE_COMPARE, GENERATE_API, COMPARE_API, *DEVICE_
 LOCAL: dict[str, Any] = {"api_visibility": "private", "queue": False}
 #: ... with no pending state: Gradio would dim a refreshing Markdown to 20% or show an empty gallery as loading
 QUIET: dict[str, Any] = {**LOCAL, "show_progress": "hidden"}
+#: the page's small events that tell the visitor something (gr.Info, gr.Warning, gr.Error): Gradio shows those
+#: only for an event that runs through its queue (each answers at once: no concurrency limit)
+TOLD: dict[str, Any] = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
 
 
 def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
@@ -50,7 +53,8 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                 num_images = gr.Slider(label="Number of images", minimum=1, maximum=settings.limits.max_images,
                                        step=1, value=settings.start_images, elem_id="num-images",
                                        render=False)
-                prompt = gr.Textbox(label="Prompt", lines=2, max_lines=6, autofocus=True,
+                # one line to start (it grows to six): Gradio submits on Enter only there (Shift+Enter: a new line)
+                prompt = gr.Textbox(label="Prompt", lines=1, max_lines=6, autofocus=True,
                                     placeholder="Describe the image, then press Enter",
                                     max_length=settings.limits.max_prompt_chars, elem_id="prompt")
                 # words outside the model's declared vocabulary (tiny-shapes declares one), if any
@@ -70,9 +74,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                                                elem_id="compare")
                     stop_button = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
                 # right under the prompt, so a phone's first screen holds prompt, buttons and examples
-                example_list(spec, prompt, resolution, num_images, settings.limits.max_images)
+                examples = example_list(spec, prompt, resolution, num_images, settings.limits.max_images)
                 style, style_scale = style_controls(handlers.engine, spec)
-                style_examples(spec, prompt, resolution, style, style_scale)
+                styled_examples = style_examples(spec, prompt, resolution, style, style_scale)
                 model = gr.Dropdown(label="Model", choices=[(handlers.engine.spec(m).title, m) for m in handlers.engine.specs],
                                     value=spec.id, elem_id="model")
                 mode = gr.Radio(label="Execution mode", choices=modes, value=settings.start_mode.value,
@@ -89,7 +93,9 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     guidance = gr.Slider(label="Guidance scale", minimum=low, maximum=high, step=0.1,
                                          value=spec.default_guidance, interactive=not spec.guidance_fixed)
                     with gr.Row():
-                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED)
+                        # no minimum / maximum: Gradio would refuse an out-of-range seed with a bare "Error";
+                        # Generate names the field instead
+                        seed = gr.Number(label="Seed", value=0, precision=0, info=f"0 to {MAX_SEED}", elem_id="seed")
                         randomize = gr.Checkbox(label="Randomize seed", value=True)
                     num_images.render()
                     previews = gr.Checkbox(label="Live previews while denoising", value=True)
@@ -162,7 +168,7 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
         hide_from_mcp(handlers.stop)  # public for gradio_client callers, not an MCP tool
         restored = [prompt, model, mode, resolution, steps, guidance, seed, randomize, header, details, upsample,
                     negative_prompt, style, style_scale]
-        copy_link.click(handlers.restore.link_query, [gallery, selected], [link_box], **LOCAL).then(
+        copy_link.click(handlers.restore.link_query, [gallery, selected], [link_box], **TOLD).then(
             None, [link_box], [link_box], js=COPY_JS, **LOCAL)
         demo.load(handlers.restore.open_link, [page_query], [*restored, num_images, link_note, generate_this],
                   js=QUERY_JS, **LOCAL)
@@ -172,28 +178,47 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                     **LOCAL)
         model.input(lambda model_id: style_updates(handlers.engine, handlers.engine.spec(model_id)), [model],
                     [style, style_scale], **LOCAL)
+        # the examples are the chosen model's (another's would set a bucket or a style it does not have)
+        for shown, samples in ((examples, lambda spec: example_samples(spec, settings.limits.max_images)),
+                               (styled_examples, style_example_samples)):
+            if shown is not None:
+                model.input(lambda model_id, samples=samples: _example_update(*samples(handlers.engine.spec(model_id))),
+                            [model], [shown.dataset], **QUIET)
         # a style picked by the visitor comes at its own default strength (examples, links and
         # "Reuse settings" set both, and do not fire .input)
         style.input(lambda model_id, name: default_scale(handlers.engine.spec(model_id).styles, name), [model, style],
                     [style_scale], **QUIET)
         gallery.select(handlers.restore.remember_selection, None, [selected], **LOCAL)
-        reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored, **LOCAL)
-        dropped.upload(handlers.restore.restore_settings, [dropped, mode], restored, **LOCAL)
+        reuse_button.click(handlers.restore.restore_from_gallery, [gallery, selected, mode], restored, **TOLD)
+        dropped.upload(handlers.restore.restore_settings, [dropped, mode], restored, **TOLD)
         mode.change(handlers.switch_mode, [model, mode], [details], **LOCAL)
         timer.tick(handlers.bucket_table, [model, mode], [status], **QUIET)
     return demo
 
 
-def example_list(spec: Any, prompt: Any, resolution: Any, num_images: Any, max_images: int) -> None:
-    """The model's example prompts ("Try"): each sets the prompt, its bucket and how many images
-    show it (a prompt that leaves attributes to the seed is listed with several)."""
-    examples = example_rows(spec)
-    if examples:
-        # labelled, Gradio lays them out as buttons (Tab reaches each); unlabelled, several inputs make a
-        # table whose rows no key reaches. Gradio cuts a label at 60 characters: bucket and count go first
-        labels = [example_label(text, size, n, str(spec.buckets[0])) for text, size, n in examples]
-        gr.Examples(examples=[[text, size, min(n, max_images)] for text, size, n in examples],
-                    inputs=[prompt, resolution, num_images], label="Try", elem_id="examples", example_labels=labels)
+def example_samples(spec: Any, max_images: int) -> tuple[list[list], list[str]]:
+    """The model's example prompts as (prompt, bucket, images) samples, and their labels: a prompt that leaves
+    attributes to the seed is listed with several images."""
+    rows = example_rows(spec)
+    # Gradio cuts a label at 60 characters: bucket and count go first
+    return ([[text, size, min(n, max_images)] for text, size, n in rows],
+            [example_label(text, size, n, str(spec.buckets[0])) for text, size, n in rows])
+
+
+def example_list(spec: Any, prompt: Any, resolution: Any, num_images: Any, max_images: int) -> gr.Examples | None:
+    """"Try" for the start model: each example sets the prompt, its bucket and how many images show it."""
+    samples, labels = example_samples(spec, max_images)
+    if not samples:
+        return None
+    # labelled, Gradio lays them out as buttons (Tab reaches each); unlabelled, several inputs make a
+    # table whose rows no key reaches
+    return gr.Examples(examples=samples, inputs=[prompt, resolution, num_images], label="Try", elem_id="examples",
+                       example_labels=labels)
+
+
+def _example_update(samples: list[list], labels: list[str]) -> Any:
+    """An example list showing another model's samples (hidden when it has none)."""
+    return gr.Dataset(samples=samples, sample_labels=labels, visible=bool(samples))
 
 
 def example_label(text: str, size: str, images: int, first_bucket: str) -> str:

@@ -46,13 +46,20 @@ def style_controls(engine: EngineAPI, spec: ModelSpec) -> tuple[gr.Dropdown, gr.
     return style, scale
 
 
-def style_examples(spec: ModelSpec, prompt: Any, resolution: Any, style: Any, scale: Any) -> None:
-    """"Try a style": each of the model's styles with its example prompt (catalog), at its strength."""
+def style_example_samples(spec: ModelSpec) -> tuple[list[list], list[str]]:
+    """(prompt, bucket, style, strength) of each of ``spec``'s styles with an example prompt, and their labels."""
     rows = [style_spec for style_spec in spec.styles if style_spec.example]
-    if rows:
-        gr.Examples(examples=[[s.example, str(spec.buckets[0]), s.name, s.default_scale] for s in rows],
-                    inputs=[prompt, resolution, style, scale], label="Try a style", elem_id="style-examples",
-                    example_labels=[f"{s.name} \u00b7 {s.example}" for s in rows])
+    return ([[s.example, str(spec.buckets[0]), s.name, s.default_scale] for s in rows],
+            [f"{s.name} \u00b7 {s.example}" for s in rows])
+
+
+def style_examples(spec: ModelSpec, prompt: Any, resolution: Any, style: Any, scale: Any) -> gr.Examples | None:
+    """"Try a style" for the start model: each of its styles with its example prompt (catalog), at its strength."""
+    samples, labels = style_example_samples(spec)
+    if not samples:
+        return None
+    return gr.Examples(examples=samples, inputs=[prompt, resolution, style, scale], label="Try a style",
+                       elem_id="style-examples", example_labels=labels)
 
 
 def caption_part(parameters: Mapping[str, Any]) -> str:
