@@ -227,6 +227,10 @@ def test_phone_width_has_no_horizontal_scroll_and_text_reads(open_page, color_sc
     page.fill("#prompt textarea", "a small blue square at the top left")
     page.click("#generate")
     wait_for_gallery_images(page, 2)
+    # the results sit below the example list on a phone: Generate brought them into view
+    top, bottom = page.evaluate("[document.querySelector('#gallery').getBoundingClientRect().top,"
+                                " document.querySelector('#gallery').getBoundingClientRect().bottom]")
+    assert top < 812 * 0.75 and bottom > 812 * 0.25, f"the gallery spans {top}-{bottom} px of an 812 px screen"
     page.wait_for_timeout(1200)  # the bucket table (the widest element) refreshed
     width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert width[0] <= width[1], f"horizontal scroll at 375 px: scrollWidth {width[0]} > clientWidth {width[1]}"

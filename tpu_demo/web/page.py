@@ -34,6 +34,16 @@ QUIET: dict[str, Any] = {**LOCAL, "show_progress": "hidden"}
 #: the page's small events that tell the visitor something (gr.Info, gr.Warning, gr.Error): Gradio shows those
 #: only for an event that runs through its queue (each answers at once: no concurrency limit)
 TOLD: dict[str, Any] = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
+#: runs in the browser before the seed is picked (its inputs pass through): on a phone the results sit below the
+#: example list (assets/style.css), so Generate and Compare bring them into view. The browser's scroll anchoring
+#: would then hold a setting below them in place as the gallery grows, carrying the images off the screen.
+SHOW_RESULTS_JS = """(seed, randomize) => {
+  if (window.matchMedia("(max-width: 640px)").matches) {
+    document.scrollingElement.style.overflowAnchor = "none";
+    document.querySelector("#%s")?.scrollIntoView({block: "start"});
+  }
+  return [seed, randomize];
+}"""
 
 
 def build_page(handlers: PageHandlers, history: SessionHistory | None = None) -> gr.Blocks:
@@ -142,13 +152,14 @@ def build_page(handlers: PageHandlers, history: SessionHistory | None = None) ->
                         guidance_scale=guidance, seed=seed, num_images=num_images, previews=previews,
                         negative_prompt=negative_prompt, style=style, style_scale=style_scale, upsample_prompt=upsample)
         generation = gr.on(triggers=[generate_button.click, prompt.submit, generate_this.click], fn=handlers.pick_seed,
-                           inputs=[seed, randomize], outputs=[seed], **LOCAL).then(
+                           inputs=[seed, randomize], outputs=[seed], js=SHOW_RESULTS_JS % "live-preview", **LOCAL).then(
             handlers.generate, inputs_kwargs={name: controls[name] for name in GENERATE_INPUTS},
             outputs=[gallery, live_preview], api_name=PAGE_GENERATE, api_visibility="undocumented", preprocess=False,
             postprocess=False, concurrency_id=DEVICE_CONCURRENCY_ID, concurrency_limit=settings.generate_concurrency)
         # the history shows earlier runs only: never the run in the gallery or in the comparison
         generation.success(history.after_generate, [gallery], [history_view], **QUIET)
-        comparison = compare_button.click(handlers.pick_seed, inputs=[seed, randomize], outputs=[seed], **LOCAL).then(
+        comparison = compare_button.click(handlers.pick_seed, inputs=[seed, randomize], outputs=[seed],
+                                          js=SHOW_RESULTS_JS % "comparison", **LOCAL).then(
             comparer.compare_modes, inputs_kwargs={name: controls[name] for name in COMPARE_INPUTS},
             outputs=[compare_gallery, compare_summary, compare_figures], api_name=PAGE_COMPARE,
             api_visibility="undocumented", preprocess=False, postprocess=False,
