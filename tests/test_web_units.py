@@ -211,3 +211,18 @@ def test_a_drawn_caption_shows_no_control_characters():
     caption = drawn_caption({"drawn_marked": "3\x1c3\x0e\x00a [red] circle", "seed_chose": True})
     assert caption.startswith("\ndrawn as: 3") and "a [red] circle" in caption
     assert all(char.isprintable() for char in caption[1:])
+
+
+def test_progress_counts_each_images_own_steps_when_a_batch_steps_together():
+    """Four images in one batched call report step 3 of 8 one by one: the request is 12 of 32 steps along (not
+    image 4's 27 of 32), and the text names the images denoising together; one at a time, the same sums."""
+    from tpu_demo.core.events import StepProgress
+    from tpu_demo.web.handlers import step_progress
+
+    steps_done: dict[int, int] = {}
+    for index in range(4):
+        done, text = step_progress(steps_done, StepProgress(index, 3, 8, 1.5), images=4)
+    assert done == (12, 32) and text.startswith("images 1-4/4 \u00b7 step 3/8 \u00b7 ETA 2.5 s image, 2.5 s request")
+    one_by_one: dict[int, int] = {0: 8}  # image 1 finished; image 2 of 3 denoising alone
+    done, text = step_progress(one_by_one, StepProgress(1, 2, 8, 1.0), images=3)
+    assert done == (10, 24) and text.startswith("image 2/3 \u00b7 step 2/8 \u00b7 ETA 3.0 s image, 7.0 s request")

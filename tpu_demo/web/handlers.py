@@ -48,12 +48,19 @@ class UiSettings:
         return min(2, self.limits.max_images)
 
 
-def _progress_text(event: StepProgress, images: int) -> str:
-    """"image 2/4 · step 3/8 · ETA 1.2 s image, 5.0 s request" from the measured step time."""
+def step_progress(steps_done: dict[int, int], event: StepProgress, images: int) -> tuple[tuple[int, int], str]:
+    """(steps done, steps in all) of the request and "images 1-4/4 · step 3/8 · ETA 1.2 s image, 5.0 s request",
+    counting every image's own steps (``steps_done``, by image, updated with ``event``): the images of one batched
+    call step together and report one by one, the same step each."""
+    steps_done[event.index] = event.step
+    denoising = sorted(index for index, step in steps_done.items() if step < event.total) or [event.index]
+    shown = f"image {denoising[0] + 1}" if len(denoising) == 1 else f"images {denoising[0] + 1}-{denoising[-1] + 1}"
     per_step = event.elapsed_seconds / max(event.step, 1)
     image_left = per_step * (event.total - event.step)
-    request_left = image_left + per_step * event.total * (images - event.index - 1)
-    return (f"image {event.index + 1}/{images} \u00b7 step {event.step}/{event.total} \u00b7 "
+    calls_after = -(-(images - len(steps_done)) // len(denoising))  # the images not begun, as many a call
+    request_left = image_left + per_step * event.total * calls_after
+    return ((sum(steps_done.values()), images * event.total),
+            f"{shown}/{images} \u00b7 step {event.step}/{event.total} \u00b7 "
             f"ETA {image_left:.1f} s image, {request_left:.1f} s request")
 
 
@@ -108,6 +115,7 @@ class PageHandlers:
         events = self.runs.supervise(request, generation, self.engine.generate, "Generation failed", files)
         gallery: list[tuple[str, str]] = []
         total = generation.num_images
+        steps_done: dict[int, int] = {}  # by image
         progress(0, desc=f"waiting for the device \u00b7 {generation.resolution}")
         try:
             for event in events:
@@ -117,8 +125,8 @@ class PageHandlers:
                     progress(0, desc=f"compiling bucket {event.resolution} for {event.mode} "
                                      "(first time, may take minutes on TPU)")
                 elif isinstance(event, StepProgress):
-                    progress((event.index * event.total + event.step, total * event.total),
-                             desc=_progress_text(event, total), unit="steps")
+                    done, text = step_progress(steps_done, event, total)
+                    progress(done, desc=text, unit="steps")
                     if event.preview is not None:
                         caption = f"preview \u00b7 image {event.index + 1} \u00b7 step {event.preview.step}/{event.total}"
                         yield gallery_data(gallery), preview_html(event.preview.render(), caption)
